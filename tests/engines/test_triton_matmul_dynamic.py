@@ -285,7 +285,7 @@ def test_a_buckets_matmul_ranks_one_kernel_for_the_bucket_first(dt):
     static = final.in_bucket(bucket.hint_map, bucket)
     piece = make_piece(static, 0, static.nodes)
     cands = TEMPLATE.candidates(piece, h100)
-    one_kernel = [c.get("SPLIT_K", 1) == 1 and (not c.get("TMA") or c.get("TMA_HOST")) for c in cands]
+    one_kernel = [bool(c.get("SPLIT_K", 1) == 1 and (not c.get("TMA") or c.get("TMA_HOST"))) for c in cands]
     assert one_kernel[0] and one_kernel.index(False) > 1 and all(one_kernel[: one_kernel.index(False)])
     assert TEMPLATE.generate(piece, cands[0], h100).sized
     # (a static piece of the same shape keeps the estimate's order: split-K first, 16 rows a batch entry
@@ -481,3 +481,35 @@ def test_gpu_projection_residual_and_mean_of_squares_over_a_bucket(dt):
     check_one_sized_kernel(plan, GPU_SHAPES, np.random.default_rng(14), "matmul", run=run_at)
     gen = matmul_steps(plan.at(GPU_SHAPES[0]))[0].kernel.generated
     assert len(gen.launches) == 2 and gen.bucket_scratch, gen.source
+
+
+def test_a_buckets_tiles_are_weighed_across_the_bucket():
+    """One kernel serves every shape of a bucket, so its tiles are ranked by their estimates summed over
+    shapes across it (mostly its large shapes' time), not at the hint alone: a Llama projection over
+    batch 2-16 x seq 257-2048 (hint 6 x 720 = 4,320 rows, where 128 x 256 tiles make 1.03 waves) takes
+    the 128 x 256 tiles the same product takes from 9,000 rows up; the static piece at the hint keeps
+    128 x 128."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.matmul import BUCKET_SAMPLES, TEMPLATE
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    batch, seq = og.Dim("batch", 2, 16), og.Dim("seq", 257, 2048)
+    g = _graph(DT.BFLOAT16, "o_proj")
+    x, w = g.tensor(dim=[batch, seq, 1024], name="x"), g.tensor(dim=[1, 1024, 1024], stride=[1 << 20, 1, 1024])
+    g.matmul(x, w).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    match = TEMPLATE.matched(make_piece(hint, 0, hint.nodes), h200)
+    rows = match.bucket_rows
+    assert len(rows) == BUCKET_SAMPLES and rows[0] == (2 * 257, 1) and rows[-1] == (16 * 2048, 1)
+    first = match.candidates()[0]
+    assert (first.BLOCK_M, first.BLOCK_N) == (128, 256) and match.template.sized_knobs(first)
+    static = og.Graph("o_proj_static", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    xs = static.tensor(dim=[6, 720, 1024], name="x")
+    static.matmul(xs, static.tensor(dim=[1, 1024, 1024], stride=[1 << 20, 1, 1024])).set_output(True)
+    piece = make_piece(static.final, 0, static.final.nodes)
+    alone = TEMPLATE.matched(piece, h200)
+    assert alone.bucket_rows == () and (alone.candidates()[0].BLOCK_M, alone.candidates()[0].BLOCK_N) == (128, 128)

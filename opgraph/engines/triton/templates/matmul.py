@@ -41,7 +41,7 @@ from ....core.config import Support
 from ....core.errors import AttributeValueError
 from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
-from ....core.symbolic import Expr
+from ....core.symbolic import Expr, evaluate
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from ..gemm import (
@@ -156,6 +156,9 @@ class MatmulTemplate(TileTemplate):
         return OutputSpace(c.dim, rows=(rank - 2,), col=rank - 1, batch=tuple(range(rank - 2)))
 
 
+BUCKET_SAMPLES = 5  # shapes across a dynamic plan's bucket at which its GEMM tiles are weighed (MatmulMatch._weighed)
+
+
 class MatmulMatch(TileMatch):
     template: MatmulTemplate
 
@@ -211,21 +214,50 @@ class MatmulMatch(TileMatch):
                     return generated
         return super().kernels(k)
 
-    def _cost(self, c: TileKnobs, moved_bytes: int | None = None) -> float:
+    def _cost(self, c: TileKnobs, moved_bytes: int | None = None, rows: tuple[int, int] | None = None) -> float:
         """The cost model's µs: products beside the main op (siblings) as one product of their columns
-        side by side, each program's tile BLOCK_N wide in each."""
+        side by side, each program's tile BLOCK_N wide in each. `rows`: (M, batch programs) of another
+        shape of the piece's bucket (the bytes moved scaled with its rows), else the piece's own."""
         m, n, k, elem = self.problem
+        nbatch = self.gp.space.nbatch
+        moved = self.gp.moved_bytes() if moved_bytes is None else moved_bytes
+        if rows is not None:
+            moved = moved * rows[0] * rows[1] // max(1, m * nbatch)
+            m, nbatch = rows
         width = len(self.gp.mains)
         return estimate_us(
             m,
             n * width,
             k,
             c.replace(BLOCK_N=c.BLOCK_N * width) if width > 1 else c,
-            nprog=self.gp.space.nbatch,
+            nprog=nbatch,
             device=self.device,
             elem_bytes=elem,
-            moved_bytes=self.gp.moved_bytes() if moved_bytes is None else moved_bytes,
+            moved_bytes=moved,
         )
+
+    @cached_property
+    def bucket_rows(self) -> tuple[tuple[int, int], ...]:
+        """(M, batch programs) at BUCKET_SAMPLES shapes across the piece's bucket, from its smallest to its
+        largest (each dynamic dim at one log-spaced point of its range); () off a bucket."""
+        if self.bucket is None:
+            return ()
+        gp, origin = self.bucket
+        ranges = origin.bucket.range_map
+        envs = [
+            {name: round(lo ** (1 - t) * hi**t) for name, (lo, hi) in ranges.items()}
+            for t in (i / (BUCKET_SAMPLES - 1) for i in range(BUCKET_SAMPLES))
+        ]
+        return tuple((evaluate(gp.space.m, env), evaluate(gp.space.nbatch, env)) for env in envs)
+
+    def _weighed(self, c: TileKnobs) -> float:
+        """A config's estimate where the build ranks it: at the piece's shape, or for a bucket's piece (one
+        kernel serves every shape of the bucket) summed over shapes across the bucket: its time is mostly
+        its large shapes', and a tile chosen at the hint alone follows the hint's wave count (the Llama's
+        projections at 6 x 720 tokens chose 128 x 128 tiles, 1.1x slower from 9,000 tokens up)."""
+        if not self.bucket_rows:
+            return self._cost(c)
+        return sum(self._cost(c, rows=rows) for rows in self.bucket_rows)
 
     def candidates(self) -> list[TileKnobs]:
         gp, device = self.gp, self.device
@@ -266,7 +298,7 @@ class MatmulMatch(TileMatch):
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         elif self.bucket is not None:
-            configs = sorted(configs[:-1], key=self._per_shape) + configs[-1:]
+            configs = sorted(configs[:-1], key=self._rank if device.is_cuda else self._per_shape) + configs[-1:]
         if width > 1:  # Triton's flattened loop pipelines two products' dots badly (a fifth slower at Llama's
             # SwiGLU: bench/results/triton-preferences.md#sibling-products)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
@@ -280,10 +312,10 @@ class MatmulMatch(TileMatch):
         return self.bucket is not None and not self.template.sized_knobs(c)
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
-        """Per-shape kernels last in a bucket, then the estimate; where the bytes bound every config (a tie),
+        """Per-shape kernels last in a bucket, then the estimate (`_weighed`); where the bytes bound every config (a tie),
         the config of the most math headroom (host descriptors, persistent, large tiles), which streams
         the bytes fastest (bench/results/constants.md#memory-bound-gemm-ties)."""
-        return self._per_shape(c), self._cost(c), self._cost(c, moved_bytes=1)
+        return self._per_shape(c), self._weighed(c), self._cost(c, moved_bytes=1)
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
