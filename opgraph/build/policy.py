@@ -220,10 +220,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "library",
-        Match(kinds=frozenset({"matmul"}), max_ops=1, fact=PieceFact.NATIVE_GEMM, bucketed=False),
+        Match(kinds=frozenset({"matmul"}), max_ops=1, fact=PieceFact.NATIVE_GEMM),
         True,
         "a lone 16-bit matmul (nothing to fuse around it): cuBLAS's kernels run 4-15% faster than the "
-        "generated ones where worth its launch",
+        "generated ones where worth its launch; in a dynamic plan's bucket too (the call takes every "
+        "shape, nothing compiled)",
         evidence=f"{EVIDENCE}#lone-matmuls",
     ),
     Rule(

@@ -194,6 +194,22 @@ def test_cublas_leads_on_a_lone_16_bit_matmul_worth_its_launch():
     assert library_leads(lone_matmul(8192, 32000, 1024, views=True))  # (AOTAutograd's linear: views count no op)
 
 
+def test_cublas_leads_on_a_lone_16_bit_matmul_in_a_bucket_too():
+    """A dynamic plan's LM head (tokens 257-32768 in the bucket): the library call takes every shape with
+    nothing compiled, so it leads there as at one shape; the piece is planned at the bucket's hint."""
+    from opgraph.build.buckets import choose
+
+    batch, seq = og.Dim("batch", 2, 16), og.Dim("seq", 257, 2048)
+    g = og.Graph("head", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x, w = g.tensor(dim=[batch, seq, 1024], name="x"), g.tensor(dim=[1, 1024, 32000], stride=[0, 1, 1024])
+    g.matmul(x, w).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    piece = make_piece(hint, 0, hint.nodes)
+    assert PieceFacts.of(piece).bucketed and POLICY.leads(piece, get_engine("library"), H200)
+
+
 def test_nothing_leads_on_the_cpu_where_nothing_is_estimated():
     assert not leads(conv_bias_relu(n=32, c=64, k=64, hw=56), CPU)
 

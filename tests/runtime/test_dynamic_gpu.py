@@ -129,3 +129,23 @@ def test_one_workspace_for_every_shape_and_graphs_of_two_shapes(monkeypatch):
             m for u in static.outputs if (m := compare(static.tensors[u], torch_to_numpy(pack[u]), want[u])) is not None
         ]
         assert not bad, bad
+
+
+def test_a_lone_16_bit_matmul_of_a_bucket_is_cublas_at_every_shape():
+    """A bf16 projection over batch 2-16 x seq 257-2048 (an LM head's form): the library call leads in the
+    bucket (the policy's lone-matmul rule) and is re-pointed at each shape, nothing built; right at each
+    against the reference engine."""
+    import opgraph as og
+
+    batch, seq = og.Dim("batch", 2, 16), og.Dim("seq", 257, 2048)
+    g = og.Graph("head", io_data_type=og.DataType.BFLOAT16, intermediate_data_type=og.DataType.FLOAT)
+    x = g.tensor(dim=[batch, seq, 1024], name="x")
+    w = g.tensor(dim=[1, 1024, 4096], stride=[0, 1, 1024], name="w")
+    g.matmul(x, w).set_output(True).set_name("y")
+    plan = g.build(device="cuda", buckets="one")
+    rng = np.random.default_rng(14)
+    for b, s in [(2, 257), (3, 263), (2, 400)]:
+        run_at_shape(plan, {"batch": b, "seq": s}, rng, relative_to_scale=True)
+        (step,) = plan.at({"batch": b, "seq": s}).steps
+        assert step.config.engine == "library", step.config
+    assert plan.stats["shape_builds"] == 0 and plan.stats["shape_kernels"] == 0
