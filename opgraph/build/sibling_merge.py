@@ -40,6 +40,23 @@ def _product(piece: Piece) -> int | None:
     return a if isinstance(a, int) else None
 
 
+def _alike_over_bucket(piece: Piece, other: Piece) -> bool:
+    """Whether the two pieces' matmuls have B operands and results of the same dims at every shape of the
+    piece's bucket (their symbolic dims equal), where the graph is a bucket's: dims that only agree at
+    the hint would give a merged piece that no kernel serves at the bucket's other shapes."""
+    origin = piece.graph.origin
+    if origin is None:
+        return True
+    symbolic = origin.graph.tensors
+    mains = [next(n for n in p.nodes if n.kind == "matmul") for p in (piece, other)]
+    for uids in ([m.input("B") for m in mains], [m.output_uids()[0] for m in mains]):
+        if not all(isinstance(u, int) and u in symbolic for u in uids):
+            return False
+        if symbolic[uids[0]].dim != symbolic[uids[1]].dim:
+            return False
+    return True
+
+
 def merge_siblings(
     pieces: list[Piece], cuts: list[Cut], engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode]
 ) -> tuple[list[Piece], list[Cut]]:
@@ -54,7 +71,7 @@ def merge_siblings(
         if i + 1 < len(pieces):
             nxt = pieces[i + 1]
             a = _product(piece)
-            if a is not None and a == _product(nxt):
+            if a is not None and a == _product(nxt) and _alike_over_bucket(piece, nxt):
                 merged = make_piece(piece.graph, piece.index, [*piece.nodes, *nxt.nodes])
                 found = first_estimate(merged, engines, device, modes)
                 apart = [first_estimate(p, engines, device, modes) for p in (piece, nxt)]

@@ -91,6 +91,26 @@ def test_a_dynamic_plans_bucket_merges_them_too(triton_on_h200):
     assert match.generate(match.candidates()[0]).sized
 
 
+def test_products_alike_only_at_the_hint_stay_apart(triton_on_h200):
+    """Key and value projections whose widths are two dynamic dims (64-512 each, equal at the hint): merged,
+    no kernel would serve the bucket's shapes where they differ, so they stay apart in a bucket."""
+    from opgraph.build.buckets import choose
+
+    tokens = og.Dim("tokens", 1024, 8192)
+    n1, n2 = og.Dim("n1", 64, 512), og.Dim("n2", 64, 512)
+    g = og.Graph("kv", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+    x = g.tensor(dim=[tokens, 1024], name="x")
+    for name, n in (("k", n1), ("v", n2)):
+        g.matmul(x, g.tensor(dim=[1024, n], name=f"w_{name}"), name=name).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    assert bucket.hint_map["n1"] == bucket.hint_map["n2"]
+    pieces, cuts = partition(hint, triton_on_h200, H200)
+    merged, _ = merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.A])
+    assert [[n.name for n in p.nodes] for p in merged] == [["k"], ["v"]]
+
+
 def test_products_led_by_different_engines_stay_apart(monkeypatch):
     """One engine's cost model weighs both ways or none: with the library engine leading on the lone query
     projection (cuBLAS) and the generated kernel on the key, the two stay apart whatever the merged piece's

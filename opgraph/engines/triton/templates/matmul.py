@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from ....core.config import Support
 from ....core.errors import AttributeValueError
@@ -159,6 +160,15 @@ class MatmulTemplate(TileTemplate):
 BUCKET_SAMPLES = 5  # shapes across a dynamic plan's bucket at which its GEMM tiles are weighed (MatmulMatch._weighed)
 
 
+class BucketSample(NamedTuple):
+    """A bucket's product at one of its shapes (MatmulMatch.bucket_samples)."""
+
+    m: int
+    n: int
+    nbatch: int
+    moved_bytes: int
+
+
 class MatmulMatch(TileMatch):
     template: MatmulTemplate
 
@@ -214,16 +224,15 @@ class MatmulMatch(TileMatch):
                     return generated
         return super().kernels(k)
 
-    def _cost(self, c: TileKnobs, moved_bytes: int | None = None, rows: tuple[int, int] | None = None) -> float:
+    def _cost(self, c: TileKnobs, moved_bytes: int | None = None, sample: BucketSample | None = None) -> float:
         """The cost model's µs: products beside the main op (siblings) as one product of their columns
-        side by side, each program's tile BLOCK_N wide in each. `rows`: (M, batch programs) of another
-        shape of the piece's bucket (the bytes moved scaled with its rows), else the piece's own."""
+        side by side, each program's tile BLOCK_N wide in each; at another shape of the piece's bucket
+        where `sample` says which (bucket_samples), else at the piece's own."""
         m, n, k, elem = self.problem
         nbatch = self.gp.space.nbatch
         moved = self.gp.moved_bytes() if moved_bytes is None else moved_bytes
-        if rows is not None:
-            moved = moved * rows[0] * rows[1] // max(1, m * nbatch)
-            m, nbatch = rows
+        if sample is not None:
+            m, n, nbatch, moved = sample
         width = len(self.gp.mains)
         return estimate_us(
             m,
@@ -237,27 +246,36 @@ class MatmulMatch(TileMatch):
         )
 
     @cached_property
-    def bucket_rows(self) -> tuple[tuple[int, int], ...]:
-        """(M, batch programs) at BUCKET_SAMPLES shapes across the piece's bucket, from its smallest to its
-        largest (each dynamic dim at one log-spaced point of its range); () off a bucket."""
+    def bucket_samples(self) -> tuple[BucketSample, ...]:
+        """The product at BUCKET_SAMPLES shapes across the piece's bucket, from its smallest to its largest
+        (each dynamic dim at one log-spaced point of its range): M, N, batch programs and the bytes the
+        piece moves there (its tensors' extents at that shape: a weight's stay, the activations' grow);
+        () off a bucket."""
         if self.bucket is None:
             return ()
         gp, origin = self.bucket
         ranges = origin.bucket.range_map
         envs = [
-            {name: round(lo ** (1 - t) * hi**t) for name, (lo, hi) in ranges.items()}
+            {name: min(hi, max(lo, round(lo ** (1 - t) * hi**t))) for name, (lo, hi) in ranges.items()}
             for t in (i / (BUCKET_SAMPLES - 1) for i in range(BUCKET_SAMPLES))
         ]
-        return tuple((evaluate(gp.space.m, env), evaluate(gp.space.nbatch, env)) for env in envs)
+        moved = gp.moved_bytes()  # (an expression of the dynamic dims)
+        space = gp.space
+        return tuple(
+            BucketSample(
+                evaluate(space.m, env), evaluate(space.n, env), evaluate(space.nbatch, env), evaluate(moved, env)
+            )
+            for env in envs
+        )
 
     def _weighed(self, c: TileKnobs) -> float:
         """A config's estimate where the build ranks it: at the piece's shape, or for a bucket's piece (one
         kernel serves every shape of the bucket) summed over shapes across the bucket: its time is mostly
         its large shapes', and a tile chosen at the hint alone follows the hint's wave count (the Llama's
         projections at 6 x 720 tokens chose 128 x 128 tiles, 1.1x slower from 9,000 tokens up)."""
-        if not self.bucket_rows:
+        if not self.bucket_samples:
             return self._cost(c)
-        return sum(self._cost(c, rows=rows) for rows in self.bucket_rows)
+        return sum(self._cost(c, sample=sample) for sample in self.bucket_samples)
 
     def candidates(self) -> list[TileKnobs]:
         gp, device = self.gp, self.device
@@ -275,6 +293,19 @@ class MatmulMatch(TileMatch):
             moved_bytes=gp.moved_bytes(),
             extra=extra,
         )
+        if self.bucket_samples:  # (a bucket's tiles are weighed across it: its largest shape's offered too)
+            big = self.bucket_samples[-1]
+            at_big = gemm_candidates(
+                big.m,
+                big.n * width,
+                k,
+                nprog=big.nbatch,
+                device=device,
+                elem_bytes=elem,
+                moved_bytes=big.moved_bytes,
+                extra=extra,
+            )
+            configs = list(dict.fromkeys([*configs[:-1], *at_big[:-1]])) + configs[-1:]
         if width > 1:  # (the tiles of the products side by side: each about BLOCK_N / width wide, unsplit)
             configs = list(dict.fromkeys(c.replace(BLOCK_N=_share(c.BLOCK_N, width), SPLIT_K=1) for c in configs))
         if self.bucket is not None:
