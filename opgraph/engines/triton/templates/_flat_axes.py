@@ -16,6 +16,25 @@ from ..sizes import above_one
 # -- indexing over flat positions ---------------------------------------------------------------
 
 
+def packed_runs(axes: Sequence[int], dims: Sequence[Any], desc: TensorDesc) -> list[tuple[int, ...]]:
+    """The axes (of `axes`, outer to inner: walked one after another over a space of `dims`) that `desc`
+    is addressed along, in runs of neighbours over which it is packed as the space is (stride of the outer
+    = stride of the inner x the space's dim): each run is one coordinate of the flat index, `(flat //
+    inner) % (the run's sizes' product)`, where each axis apart would take a division and a remainder."""
+    runs: list[list[int]] = []
+    previous = None
+    for axis in axes:
+        if not above_one(desc.dim[axis]) or desc.stride[axis] == 0:
+            previous = None
+            continue
+        if previous is not None and desc.stride[previous] == desc.stride[axis] * dims[axis]:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+        previous = axis
+    return [tuple(r) for r in runs]
+
+
 class FlatAxes:
     """Coordinates and offsets over one flat index `var` that walks `axes` (outer to inner) of a
     space of dims `dims`. Sub-expressions are named once (`{prefix}N`) and collected in `lines`."""
@@ -60,19 +79,8 @@ class FlatAxes:
         """Offset expression of `desc` over this flat index; None when it does not depend on it."""
         if desc.numel == 1:
             return None
-        runs: list[list[int]] = []
-        prev: int | None = None
-        for a in self.axes:
-            if desc.dim[a] == 1 or desc.stride[a] == 0:
-                prev = None
-                continue
-            if prev is not None and desc.stride[prev] == desc.stride[a] * self.dims[a]:
-                runs[-1].append(a)
-            else:
-                runs.append([a])
-            prev = a
         terms = []
-        for run in runs:
+        for run in packed_runs(self.axes, self.dims, desc):
             last = run[-1]
             p = self.part(self.inner[last], math.prod(self.dims[a] for a in run))
             s = desc.stride[last]

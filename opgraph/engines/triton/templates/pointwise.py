@@ -39,6 +39,7 @@ from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
 from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, FRAMED, SLICE_BACKWARD, check_frames, emit_frame, emit_node
+from ._flat_axes import packed_runs
 from ._gather import EMBEDDING, check_gathers
 from ._view_copy import chains_of, source_offset, view_chains
 from .base import (
@@ -82,14 +83,15 @@ class FlatIndexer:
         self.order = order
         self.packed = packed_strides(dims, order)
         self.needed: set[int] = set()
-        self.merged: dict[str, tuple[int, ...]] = {}  # name -> a run of axes addressed as one (_runs)
+        self.merged: dict[str, tuple[int, ...]] = {}  # name -> a run of axes addressed as one (packed_runs)
         self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
         if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
         terms = []
-        for run in self._runs(desc):
+        walked = [a for a in self.order if above_one(self.dims[a])]  # (axes of one element do not break a run)
+        for run in packed_runs(walked, self.dims, desc):
             inner = run[-1]
             name = f"c{inner}" if len(run) == 1 else f"r{run[0]}_{inner}"
             if len(run) == 1:
@@ -99,27 +101,6 @@ class FlatIndexer:
             s = desc.stride[inner]
             terms.append(name if s == 1 else f"{name} * {self.text(s)}")
         return " + ".join(terms) or "0"
-
-    def _runs(self, desc: TensorDesc) -> list[tuple[int, ...]]:
-        """The walked axes `desc` is addressed along, in runs of neighbours (in the walk's order) over which
-        it is packed as the space is (stride of the outer = stride of the inner x its dim): a run is one
-        coordinate, `(lin // inner) % (their sizes' product)`, where each axis apart would take a division
-        and a remainder of its own (a per-row value over [batch, seq] rows: one division, not two by
-        run-time sizes)."""
-        runs: list[list[int]] = []
-        previous = None
-        for axis in self.order:
-            if not above_one(self.dims[axis]):
-                continue
-            if not above_one(desc.dim[axis]) or desc.stride[axis] == 0:
-                previous = None
-                continue
-            if previous is not None and desc.stride[previous] == desc.stride[axis] * self.dims[axis]:
-                runs[-1].append(axis)
-            else:
-                runs.append([axis])
-            previous = axis
-        return [tuple(r) for r in runs]
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
         offset = "0" if desc.numel == 1 else self.offset(desc)
