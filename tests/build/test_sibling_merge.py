@@ -13,7 +13,6 @@ from opgraph.build.planner import usable_engines
 from opgraph.build.sibling_merge import merge_siblings, refine
 from opgraph.core.config import HeurMode, Support
 from opgraph.core.device import CPU
-from opgraph.core.piece import make_piece
 from opgraph.engines import get_engine
 
 from .fakes import H200
@@ -130,64 +129,3 @@ def test_products_led_by_different_engines_stay_apart(monkeypatch):
     pieces, cuts = partition(projections().final, engines, H200)
     merged, _ = refine(pieces, cuts, engines, H200, [HeurMode.A])
     assert [[n.name for n in p.nodes] for p in merged] == [["q"], ["k", "v"]]
-
-
-def _cast_weight(g, name, k, n):
-    """A training step's bf16 weight: the fp32 parameter [N, K] cast in a piece of its own, read transposed."""
-    t = g.tensor(dim=[n, k], data_type=DT.FLOAT, name=name)
-    cast = g.identity(t, name=f"{name}.cast").set_data_type(DT.BFLOAT16)
-    return g.reshape(g.transpose(cast, [1, 0]), [1, k, n])
-
-
-def training_mlp(tokens=1024, d=1024, hidden=2816):
-    """SiLU(x @ cast(Wg)^T) * (x @ cast(Wu)^T), both halves saved for the backward (autocast's form)."""
-    g = og.Graph("mlp", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
-    x = g.tensor(dim=[4, tokens, d], name="x")
-    act = g.swish(g.matmul(x, _cast_weight(g, "w_gate", d, hidden), name="gate"), name="silu").set_output(True)
-    up = g.matmul(x, _cast_weight(g, "w_up", d, hidden), name="up").set_output(True)
-    g.mul(act, up, name="y").set_output(True)
-    return g
-
-
-def test_siblings_merge_past_the_weight_casts_between_them(triton_on_h200):
-    """A training step casts each weight in a piece of its own, between the gate and up projections: the
-    gate's piece moves past the up weight's cast (which does not read it) and the two products merge where
-    the up projection ran; the cuts left are those before a piece's first node."""
-    pieces, cuts = partition(training_mlp().final, triton_on_h200, H200)
-    assert [[n.name for n in p.nodes if n.kind != "reshape" and n.kind != "transpose"] for p in pieces] == [
-        ["w_gate.cast"],
-        ["gate", "silu"],
-        ["w_up.cast"],
-        ["up", "y"],
-    ]
-    merged, kept = merge_siblings(pieces, cuts, triton_on_h200, H200, [HeurMode.A])
-    names = [[n.name for n in p.nodes if n.kind not in ("reshape", "transpose")] for p in merged]
-    assert names == [["w_gate.cast"], ["w_up.cast"], ["gate", "silu", "up", "y"]]
-    assert [p.index for p in merged] == [0, 1, 2]
-    assert all(merged[c.before + 1].nodes[0] is c.node for c in kept)
-
-
-def test_a_piece_reading_the_first_sibling_keeps_them_apart(triton_on_h200):
-    """Where a piece between the two reads the first's result, the first cannot move past it."""
-    g = training_mlp()
-    pieces, cuts = partition(g.final, triton_on_h200, H200)
-    # (the up weight's piece made to read the gate's SiLU: a dependency the move would break)
-    reader = pieces[2]
-    silu = next(n for n in pieces[1].nodes if n.name == "silu")
-    blocked = [pieces[0], pieces[1], make_piece(reader.graph, 2, [*reader.nodes, silu]), pieces[3]]
-    merged, _ = merge_siblings(blocked, cuts, triton_on_h200, H200, [HeurMode.A])
-    assert len(merged) == 4
-
-
-def test_siblings_merged_past_a_cast_run_right(monkeypatch, rng):
-    """The merged plan (forced on the CPU: the estimates are a GPU's) runs in its new order and matches the
-    reference engine: the casts first, then both products in one kernel."""
-    from opgraph.build import sibling_merge
-
-    monkeypatch.setattr(sibling_merge, "weighs_pieces", lambda device, modes: True)
-    monkeypatch.setattr(sibling_merge, "_pays", lambda *a: True)
-    plan = training_mlp(tokens=24, d=32, hidden=40).build(device="cpu", engines=["triton"])
-    matmuls = [sum(n.kind == "matmul" for n in s.piece.nodes) for s in plan.steps]
-    assert matmuls[-1] == 2 and sum(matmuls) == 2
-    bad = og.testing.check_plan(plan, rng)
-    assert not bad, "\n".join(map(str, bad))
