@@ -49,10 +49,10 @@ def _alike_over_bucket(piece: Piece, other: Piece) -> bool:
         return True
     symbolic = origin.graph.tensors
     mains = [next(n for n in p.nodes if n.kind == "matmul") for p in (piece, other)]
-    for uids in ([m.input("B") for m in mains], [m.output_uids()[0] for m in mains]):
-        if not all(isinstance(u, int) and u in symbolic for u in uids):
+    for first, second in ((m.input("B") for m in mains), (m.output_uids()[0] for m in mains)):
+        if not (isinstance(first, int) and isinstance(second, int) and first in symbolic and second in symbolic):
             return False
-        if symbolic[uids[0]].dim != symbolic[uids[1]].dim:
+        if symbolic[first].dim != symbolic[second].dim:
             return False
     return True
 
