@@ -343,8 +343,8 @@ class MatmulMatch(TileMatch):
         return self.bucket is not None and not self.template.sized_knobs(c)
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
-        """Per-shape kernels last in a bucket, then the estimate (`_weighed`); where the bytes bound every config (a tie),
-        the config of the most math headroom (host descriptors, persistent, large tiles), which streams
+        """Per-shape kernels last in a bucket, then the estimate (`_weighed`); where the bytes bound every
+        config (a tie), the config of the most math headroom (host descriptors, persistent, large tiles), which streams
         the bytes fastest (bench/results/constants.md#memory-bound-gemm-ties)."""
         return self._per_shape(c), self._weighed(c), self._cost(c, moved_bytes=1)
 

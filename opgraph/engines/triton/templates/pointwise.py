@@ -5,10 +5,11 @@ The space is walked in the memory order of the first output, one flat index `lin
 tensor laid out like that output (same dims, packed, same axis order) is addressed by `lin` itself,
 which Triton vectorises; any other tensor (broadcast, transposed, gapped) by the coordinates
 it needs, each `(lin // inner) % dim` with constants folded in, neighbouring axes along which it is
-packed as the space is taken as one (a per-row value over [batch, seq] rows: `lin // cols`). Where a tensor of the space is
-contiguous along another axis than the first output (a cast of a transposed weight), the flat walk
-would read it with a stride: the template then walks 2-D tiles of the two contiguous axes instead
-(TileIndexer, knobs TILE_I / TILE_J), each tensor loaded or stored along its own contiguous axis.
+packed as the space is taken as one (a per-row value over [batch, seq] rows: `lin // cols`). Where a
+tensor of the space is contiguous along another axis than the first output (a cast of a transposed
+weight), the flat walk would read it with a stride: the template then walks 2-D tiles of the two
+contiguous axes instead (TileIndexer, knobs TILE_I / TILE_J), each tensor loaded or stored along its
+own contiguous axis.
 Where the flat walk would compute coordinates per element (a per-row value broadcast along the
 innermost axis, a division by a dimension that is not a power of two, a gen_index), the template
 walks ROWS x COLS tiles of the first output's two innermost axes (the row walk, row_axes): columns
