@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from .bucket import Bucket
 from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
+from .evolve import evolve
 from .op import Const, Op
 from .symbolic import Dim, Expr, evaluate, lambdify
 from .symbolic_value import SizeValue
@@ -185,7 +186,7 @@ class FinalGraph:
         for u in dynamic:
             t = tensors[u]
             rank = len(t.dim)
-            tensors[u] = dataclasses.replace(t, dim=flat[i : i + rank], stride=flat[i + rank : i + 2 * rank])
+            tensors[u] = evolve(t, dim=flat[i : i + rank], stride=flat[i + rank : i + 2 * rank])
             i += 2 * rank
         nodes = list(self.nodes)  # (the nodes without sizes in them are shared: frozen)
         for k in sized_nodes:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ....core.config import NumericalNote, Support
 from ....core.device import Device
 from ....core.errors import AttributeValueError
+from ....core.evolve import evolve
 from ....core.piece import Piece
 from ....core.symbolic import SymInt, evaluate, free_symbols, lambdify
 from ....core.tensor import TensorDesc
@@ -42,26 +43,8 @@ from ..expr import custom_imports, helpers_for
 from ..knobs import Knobs
 
 K = TypeVar("K", bound=Knobs)
-D = TypeVar("D")
 
 
-def evolve(obj: D, **changes: Any) -> D:
-    """A frozen dataclass instance with `changes`, as dataclasses.replace makes it but without its field
-    walk and __init__: a dynamic plan re-points every launch at each new shape (~5 per kernel, ~2,500 for
-    a 92-step plan), where replace's ~4.5 µs each was a fifth of a new shape's host time. Only for
-    dataclasses without __post_init__ or slots. The fields are set one by one rather than through the
-    instance's `__dict__`, which would make each copy a dict object of its own: a dict holding
-    expressions stays tracked by the garbage collector, and every shape's copies would count toward its
-    full passes."""
-    fields = type(obj).__dataclass_fields__  # type: ignore[attr-defined]
-    assert changes.keys() <= fields.keys(), f"not fields of {type(obj).__name__}: {changes.keys()}"
-    new = object.__new__(type(obj))
-    for name in fields:
-        _SET(new, name, changes[name] if name in changes else getattr(obj, name))
-    return new
-
-
-_SET = object.__setattr__
 _PARAM = re.compile(r"([ps])(\d+)")
 
 
