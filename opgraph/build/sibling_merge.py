@@ -28,15 +28,20 @@ from .prologue_split import first_estimate, split_prologues, weighs_pieces
 
 if TYPE_CHECKING:
     from ..core.device import Device
+    from ..core.ir import Node
     from ..engines.base import Engine
+
+
+def _main(piece: Piece) -> Node | None:
+    """The piece's one matmul (None: not one)."""
+    mains = [n for n in piece.nodes if n.kind == "matmul"]
+    return mains[0] if len(mains) == 1 else None
 
 
 def _product(piece: Piece) -> int | None:
     """The A operand of the piece's one matmul (None: not one matmul)."""
-    mains = [n for n in piece.nodes if n.kind == "matmul"]
-    if len(mains) != 1:
-        return None
-    a = mains[0].input("A")
+    main = _main(piece)
+    a = main.input("A") if main is not None else None
     return a if isinstance(a, int) else None
 
 
@@ -48,8 +53,10 @@ def _alike_over_bucket(piece: Piece, other: Piece) -> bool:
     if origin is None:
         return True
     symbolic = origin.graph.tensors
-    mains = [next(n for n in p.nodes if n.kind == "matmul") for p in (piece, other)]
-    for first, second in ((m.input("B") for m in mains), (m.output_uids()[0] for m in mains)):
+    one, two = _main(piece), _main(other)
+    if one is None or two is None:
+        return False
+    for first, second in ((one.input("B"), two.input("B")), (one.output_uids()[0], two.output_uids()[0])):
         if not (isinstance(first, int) and isinstance(second, int) and first in symbolic and second in symbolic):
             return False
         if symbolic[first].dim != symbolic[second].dim:

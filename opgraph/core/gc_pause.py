@@ -4,8 +4,8 @@ A build (partition, configs, kernel sources, a dynamic plan's plan of a new shap
 thousands of short-lived objects that reference counting frees; a collection that falls in the middle
 promotes the live ones to older generations, and enough promoted objects trigger a full pass over the
 process's whole heap (bench/results/constants.md#gc-during-builds). The collector is the interpreter's:
-while one thread builds, other threads' collections wait too; it is turned back on when the last build running ends, unless it
-was off when the first began.
+while one thread builds, other threads' collections wait too; it is turned back on when the last build
+running ends, unless it was off when the first began.
 """
 
 from __future__ import annotations

@@ -85,14 +85,14 @@ class FlatIndexer:
         self.packed = packed_strides(dims, order)
         self.needed: set[int] = set()
         self.merged: dict[str, tuple[int, ...]] = {}  # name -> a run of axes addressed as one (packed_runs)
+        self.walked = [a for a in order if above_one(dims[a])]  # (axes of one element do not break a run)
         self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
         if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
             return "lin"
         terms = []
-        walked = [a for a in self.order if above_one(self.dims[a])]  # (axes of one element do not break a run)
-        for run in packed_runs(walked, self.dims, desc):
+        for run in packed_runs(self.walked, self.dims, desc):
             inner = run[-1]
             name = f"c{inner}" if len(run) == 1 else f"r{run[0]}_{inner}"
             if len(run) == 1:
@@ -130,11 +130,10 @@ class FlatIndexer:
             if not outermost:
                 expr = f"{expr} % {self.text(self.dims[axis])}"
             lines.append(f"c{axis} = {expr}")
-        walked = [a for a in self.order if above_one(self.dims[a])]
         for name, run in self.merged.items():
             inner = self.packed[run[-1]]
             expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
-            if run[0] != walked[0]:
+            if run[0] != self.walked[0]:
                 expr = f"{expr} % {self.text(math.prod(self.dims[a] for a in run))}"
             lines.append(f"{name} = {expr}")
         return lines
