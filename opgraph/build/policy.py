@@ -22,7 +22,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..core.dtypes import DataType
-from ..core.symbolic import free_symbols
 from ..engines.base import EngineFacts, PieceFact
 from ..engines.shared.conv_shapes import CONV_KINDS, FEW_CHANNELS, NARROW_GROUP, ConvShape, conv_shape
 from ..ops.layout import VIEW_KINDS
@@ -72,17 +71,7 @@ class PieceFacts:
 def _bucketed(piece: Piece, anchor: Node) -> bool:
     """Whether a dim that varies over the piece's bucket sizes one of the anchor's operands."""
     origin = piece.graph.origin
-    if origin is None:
-        return False
-    varying = {name for name, lo, hi in origin.bucket.ranges if lo != hi}
-    symbolic = origin.graph.tensors
-    return any(
-        d.name in varying
-        for u in (*anchor.input_uids(), *anchor.output_uids())
-        if u in symbolic
-        for size in symbolic[u].dim
-        for d in free_symbols(size)
-    )
+    return origin is not None and origin.varies((*anchor.input_uids(), *anchor.output_uids()))
 
 
 @dataclass(frozen=True)
@@ -162,10 +151,19 @@ _FPROP = frozenset({"conv_fprop"})
 RULES: tuple[Rule, ...] = (
     Rule(
         "cudnn",
+        Match(kinds=ATTENTION_KINDS, bucketed=True, fact=PieceFact.ONE_PLAN_PER_BUCKET),
+        True,
+        "attention in a bucket of several shapes, in cuDNN's padded form: one plan built at the bucket's "
+        "largest shape serves every shape (lengths and ragged offsets written per shape), faster than the "
+        "generated kernel on long sequences",
+        evidence=f"{EVIDENCE}#bucket-attention",
+    ),
+    Rule(
+        "cudnn",
         Match(kinds=ATTENTION_KINDS, bucketed=True),
         False,
-        "attention in a bucket of several shapes: a cuDNN plan is built again at each new shape, the "
-        "generated kernel (taking its sizes at run time) serves them all",
+        "attention in a bucket of several shapes that cuDNN's padded form does not take: a cuDNN plan is "
+        "built again at each new shape, the generated kernel (taking its sizes at run time) serves them all",
         evidence=f"{EVIDENCE}#bucket-attention",
     ),
     Rule(

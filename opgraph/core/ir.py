@@ -7,7 +7,7 @@ by `Graph.validate()` and never changes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, TypeVar
@@ -17,7 +17,7 @@ from .dtypes import DataType
 from .errors import InternalError, ShapeError, printable
 from .evolve import evolve
 from .op import Const, Op
-from .symbolic import Dim, Expr, evaluate, lambdify
+from .symbolic import Dim, Expr, evaluate, free_symbols, lambdify
 from .symbolic_value import SizeValue
 from .tensor import TensorDesc
 
@@ -304,6 +304,19 @@ class ShapeOrigin:
     @property
     def env(self) -> dict[str, int]:
         return dict(self.shape)
+
+    def varies(self, uids: Iterable[int]) -> bool:
+        """Whether a dim that varies over the bucket sizes one of these tensors (by their symbolic dims)."""
+        varying = {name for name, lo, hi in self.bucket.ranges if lo != hi}
+        symbolic = self.graph.tensors
+        return any(
+            d.name in varying for u in uids if u in symbolic for size in symbolic[u].dim for d in free_symbols(size)
+        )
+
+    def at_largest(self) -> FinalGraph:
+        """The symbolic graph at the bucket's largest shape (every dim at its sub-range's top), marked
+        as planned for the bucket."""
+        return self.graph.in_bucket({name: hi for name, _, hi in self.bucket.ranges}, self.bucket)
 
 
 AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)

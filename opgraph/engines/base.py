@@ -210,6 +210,8 @@ class PieceFact(enum.Enum):
     # the piece is one matmul whose operands and result are one 16-bit type: the vendor's GEMM runs it
     # as it is, writing the result in place (no casts, no copies)
     NATIVE_GEMM = "native_gemm"
+    # one plan of the engine, built once, serves every shape of the piece's dynamic-plan bucket
+    ONE_PLAN_PER_BUCKET = "one_plan_per_bucket"
 
 
 @dataclass(frozen=True)

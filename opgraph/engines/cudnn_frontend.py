@@ -21,6 +21,7 @@ update_cuda_graph re-captures such steps.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import logging
@@ -42,6 +43,7 @@ from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, EngineFacts, Kernel, PieceFact
 from .cost import estimate_us
+from .cudnn_padded import EXTRA_UIDS, EXTRAS, PaddedForm, lengths, padded_form, sections
 from .cudnn_sdpa import (
     ATTENTION_KINDS,
     MOVES,
@@ -257,9 +259,10 @@ def _number(node: Node, role: str) -> float:
 class _Lowering:
     """Builds the cuDNN pygraph of a piece (the graph only: planning is the caller's)."""
 
-    def __init__(self, piece: Piece, handle: Any) -> None:
+    def __init__(self, piece: Piece, handle: Any, padded: PaddedForm | None = None) -> None:
         self.cudnn = cudnn = _cudnn()
         self.piece = piece
+        self.padded = padded
         self.graph = cudnn.pygraph(
             name=f"opgraph_piece_{piece.index}",
             io_data_type=cudnn.data_type.HALF,
@@ -288,8 +291,30 @@ class _Lowering:
             )
             if t.is_pass_by_value:
                 self.by_value.append(uid)
+        self.extras: dict[str, Any] = {}
+        if padded is not None:
+            self._declare_padding(keys)
         for node in piece.nodes:
             self._node(node)
+
+    def _declare_padding(self, keys: list[int]) -> None:
+        """The padded form's int32 lengths and ragged offsets (cudnn_padded), numbered after the piece's
+        operands, the offsets set on q, k and v (o's once the sdpa made it)."""
+        assert self.padded is not None
+        batch = self.padded.batch
+        node = next(n for n in self.piece.nodes if n.kind in ATTENTION_KINDS)
+        for i, name in enumerate(EXTRAS):
+            rows = batch if name.startswith("seq_len") else batch + 1
+            self.canon[EXTRA_UIDS[name]] = CANON_BASE + len(keys) + i
+            self.extras[name] = self.graph.tensor(
+                dim=[rows, 1, 1, 1],
+                stride=[1, 1, 1, 1],
+                data_type=self.cudnn.data_type.INT32,
+                uid=self.canon[EXTRA_UIDS[name]],
+                name=name,
+            )
+        for role in ("q", "k", "v"):
+            self.tensors[node.input(role)].set_ragged_offset(self.extras[f"ragged_{role}"])  # type: ignore[index]
 
     def dtype(self, dt: DataType) -> Any:
         return _dtype(self.cudnn, dt)
@@ -344,10 +369,11 @@ class _Lowering:
             self.tensors[uid] = t
 
 
-def _plans(piece: Piece, device: Device, heuristic: str) -> tuple[Any, list[str]]:
-    """The piece's cuDNN graph planned with `heuristic`, and its plans' names (ranked)."""
+def _plans(piece: Piece, device: Device, heuristic: str, padded: PaddedForm | None = None) -> tuple[Any, list[str]]:
+    """The piece's cuDNN graph planned with `heuristic` (in the padded form at the bucket's largest
+    shape where `padded` is given), and its plans' names (ranked)."""
     cudnn = _cudnn()
-    lowered = _Lowering(piece, _handle(device.index))
+    lowered = _Lowering(padded.largest if padded is not None else piece, _handle(device.index), padded)
     g = lowered.graph
     g.validate()
     g.build_operation_graph()
@@ -379,16 +405,29 @@ def _backend_launcher(graph: Any, index: int) -> tuple[Any, int] | None:
 _VERDICTS: dict[tuple[str, int], tuple[str | None, list[str]]] = {}
 
 
+def padded(piece: Piece) -> PaddedForm | None:
+    """The piece's padded form (one plan for its bucket: cudnn_padded), None where it runs as it is."""
+    form = padded_form(piece)
+    return form if isinstance(form, PaddedForm) else None
+
+
+def plan_signature(piece: Piece, form: PaddedForm | None) -> str:
+    """What keys the piece's cuDNN plans and verdicts: the piece's signature, or in the padded form its
+    signature at the bucket's largest shape, marked."""
+    return piece.signature() if form is None else f"padded:{form.largest.signature()}"
+
+
 def _verdict(piece: Piece, device: Device) -> tuple[str | None, list[str]]:
     """(why cuDNN declines the piece or None, its plan names), asked once per piece signature and
     environment (kept on disk across processes: cudnn_launch.Verdicts)."""
-    key = (piece.signature(), device.index)
+    form = padded(piece)
+    key = (plan_signature(piece, form), device.index)
     if key not in _VERDICTS:
         disk_key = cudnn_launch.verdict_key(key[0], device.index)
         found = cudnn_launch.VERDICTS.get(disk_key)
         if found is None:
             try:
-                found = (None, _plans(piece, device, "A")[1])
+                found = (None, _plans(piece, device, "A", form)[1])
             except Exception as err:  # noqa: BLE001 - cuDNN's refusal, in its words
                 text = (str(err).strip().splitlines() or [""])[0][:300]
                 found = (f"cuDNN declines it: {type(err).__name__}: {text}", [])
@@ -455,7 +494,9 @@ class CudnnKernel(Kernel):
                 hint="take cudnn configs from engine_configs() or from a plan the engine built",
             )
         self.handle = _handle(device.index)
-        self.key = cudnn_launch.plan_key(piece.signature(), [list(k) for k in config.knobs], device.index)
+        self.padded = padded(piece)  # one plan for every shape of the piece's bucket (cudnn_padded)
+        signature = plan_signature(piece, self.padded)
+        self.key = cudnn_launch.plan_key(signature, [list(k) for k in config.knobs], device.index)
         self.serialized: bytes | None = None
         self.graph: Any = None
         self.index = index
@@ -476,6 +517,17 @@ class CudnnKernel(Kernel):
         import torch
 
         self._torch_device = torch.device(device.torch_name)
+        problem = self._bind_piece(piece)
+        if problem is not None:
+            raise Declined(f"the bucket's padded cuDNN plan does not run this shape: {problem}")
+
+    def _bind_piece(self, piece: Piece) -> str | None:
+        """What the kernel binds of `piece` (its shape's operands, views and, in the padded form, its
+        lengths and ragged offsets in a device buffer of its own); why not, where the padded plan cannot
+        run the piece's shape."""
+        import torch
+
+        self.piece = piece
         keys, views = operand_slots(piece)
         self.uids = tuple(keys)
         self.canon = canonical_uids(piece, keys)  # piece UID -> the cuDNN graph's
@@ -491,10 +543,31 @@ class CudnnKernel(Kernel):
         self.host_scalars = {
             u: torch.zeros(1, dtype=torch.float32) for u in self.uids if piece.tensor(u).is_pass_by_value
         }
+        self.extras: dict[int, Any] = {}  # the padded form's stand-in UIDs -> their int32 device tensors
+        if self.padded is None:
+            return None
+        values = lengths(self.padded, piece, views)
+        if isinstance(values, str):
+            return values
+        # (a blocking copy, made when the shape's plan is, never at execute or in a capture)
+        held = torch.tensor(values, dtype=torch.int32, device=self._torch_device)
+        for i, (name, (start, count)) in enumerate(sections(self.padded.batch).items()):
+            self.canon[EXTRA_UIDS[name]] = CANON_BASE + len(keys) + i
+            self.extras[EXTRA_UIDS[name]] = held[start : start + count]
+        return None
+
+    def at_shape(self, piece: Piece) -> CudnnKernel | None:
+        """This padded kernel (its plan built once for the bucket) for the bucket's piece at another
+        shape, re-pointed: nothing planned or built; None where its plan cannot run that shape."""
+        shaped = copy.copy(self)
+        if shaped._bind_piece(piece) is not None:
+            return None
+        shaped.repointed = True
+        return shaped
 
     def _build(self, piece: Piece, heuristic: str, index: int, name: Any) -> None:
         try:
-            self.lowered, names = _plans(piece, self.device, heuristic)
+            self.lowered, names = _plans(piece, self.device, heuristic, self.padded)
             if name is not None and (index >= len(names) or names[index] != name):
                 if name not in names:
                     raise Declined(f"cuDNN no longer offers plan {name!r} (this cuDNN offers {len(names)} plans)")
@@ -548,6 +621,7 @@ class CudnnKernel(Kernel):
         cudnn_launch._set_stream(self.handle, _Slot(int(raw)))
         workspace = scratch if self.scratch_bytes else None
         lowered = cudnn_launch.lowered_of(self.graph)
+        pack.update(self.extras)
         ptrs = {self.canon[u]: t.data_ptr() for u, t in pack.items()}
         ws = workspace.data_ptr() if workspace is not None else 0
         try:
@@ -599,13 +673,23 @@ class CudnnEngine(Engine):
         return Support.no(why) if why else Support.yes()
 
     def facts(self, piece: Piece, device: Device) -> EngineFacts:
-        """The cost model's estimate (cuDNN's fused kernels run near the device's rates), and whether a
-        forward conv's epilogue sends cuDNN to its runtime-fusion plans (`_runtime_fused_epilogue`)."""
+        """The cost model's estimate (cuDNN's fused kernels run near the device's rates), whether a
+        forward conv's epilogue sends cuDNN to its runtime-fusion plans (`_runtime_fused_epilogue`), and
+        whether one plan serves every shape of the piece's bucket (the padded attention form)."""
         conv = next((n for n in piece.nodes if n.kind in CONV_KINDS), None)
-        fused = conv is not None and conv.kind == "conv_fprop" and _runtime_fused_epilogue(piece, conv)
-        return EngineFacts(
-            estimate_us(piece, device), frozenset({PieceFact.RUNTIME_FUSED_EPILOGUE}) if fused else frozenset()
-        )
+        facts = set()
+        if conv is not None and conv.kind == "conv_fprop" and _runtime_fused_epilogue(piece, conv):
+            facts.add(PieceFact.RUNTIME_FUSED_EPILOGUE)
+        if padded(piece) is not None:
+            facts.add(PieceFact.ONE_PLAN_PER_BUCKET)
+        return EngineFacts(estimate_us(piece, device), frozenset(facts))
+
+    def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
+        """A padded kernel re-pointed at the shape (its bucket's one plan, cudnn_padded); any other
+        built again at the shape (the default)."""
+        if isinstance(kernel, CudnnKernel) and kernel.padded is not None:
+            return kernel.at_shape(piece)
+        return super().kernel_at(kernel, piece, device)
 
     def configs(self, piece: Piece, device: Device, mode: HeurMode) -> list[EngineConfig]:
         why, names = _verdict(piece, device)

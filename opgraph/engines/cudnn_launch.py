@@ -244,7 +244,7 @@ class CudnnLauncher(Launcher):
             ]
             self.mode = "raw"
         elif mode in ("raw", "dict") and kernel.cpp_index >= 0 and hasattr(lowered, "_execute_plan_at_index"):
-            self.pointers = {canon[u]: self._address(u) for u in kernel.uids}
+            self.pointers = {canon[u]: self._address(u) for u in (*kernel.uids, *kernel.extras)}
             self.calls = [
                 (
                     lowered._execute_plan_at_index,
@@ -253,7 +253,7 @@ class CudnnLauncher(Launcher):
             ]
             self.mode = "dict"
         elif mode in ("raw", "dict") and kernel.cpp_index < 0 and hasattr(lowered, "_execute"):
-            self.pointers = {canon[u]: self._address(u) for u in kernel.uids}
+            self.pointers = {canon[u]: self._address(u) for u in (*kernel.uids, *kernel.extras)}
             self.calls = [(lowered._execute, (self.pointers, self.ws, self.handle.backend_handle, None, None, None))]
             self.mode = "dict"
         else:
@@ -262,6 +262,8 @@ class CudnnLauncher(Launcher):
             self.mode = "execute"
 
     def _address(self, uid: int) -> int:
+        if uid < 0:  # the padded form's lengths and ragged offsets (cudnn_padded): the kernel's own buffer
+            return int(self.kernel.extras[uid].data_ptr())
         if uid in self.kernel.host_scalars:
             host = self.kernel.host_scalars[uid]
             host.fill_(float(self.binding.buffers[uid]))

@@ -179,12 +179,17 @@ def lower_attention(lowering: Any, node: Node, kwargs: dict[str, Any]) -> list[A
             common[role] = ins[role]
     if node.input("dropout_mask") is not None:  # forward only, the scale a tensor (attention_problem)
         common["dropout"] = (ins["dropout_mask"], ins["dropout_scale"])
+    extras = lowering.extras  # the padded form's lengths and ragged offsets (cudnn_padded), if any
+    if extras:
+        common.update(use_padding_mask=True, seq_len_q=extras["seq_len_q"], seq_len_kv=extras["seq_len_kv"])
     if node.kind == "sdpa":
         stats = node.output("stats") is not None
         try:
             o, st = g.sdpa(ins["q"], ins["k"], ins["v"], generate_stats=stats, **common)
         except TypeError:  # frontends before generate_stats took is_inference
             o, st = g.sdpa(ins["q"], ins["k"], ins["v"], is_inference=not stats, **common)
+        if extras:
+            o.set_ragged_offset(extras["ragged_o"])
         return [o, st if stats else None]
     dbias = None
     uid = node.output("dBias")

@@ -1,0 +1,165 @@
+"""engines/cudnn_padded: bucket attention through one cuDNN plan built at the bucket's largest shape in the
+padded form (per-batch lengths, ragged offsets). On the CPU: which pieces take the form, the lengths buffer
+a shape writes, the reasons for the rest and the policy's lead. On the GPU: a dynamic plan's attention run
+at many shapes of its bucket through that one plan, against the reference engine, nothing written
+outside the output, nothing built per shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph import DataType as DT
+from opgraph.build.buckets import choose
+from opgraph.build.policy import POLICY
+from opgraph.core.piece import make_piece
+from opgraph.engines import get_engine
+from opgraph.engines.base import PieceFact
+from opgraph.engines.cudnn_padded import EXTRAS, PaddedForm, lengths, padded_form, sections
+from opgraph.engines.cudnn_sdpa import attention_views
+
+from ..build.fakes import H200
+from ..helpers import requires_cuda, run_at_shape
+
+HQ, HK, D = 16, 4, 64  # (the serving Llama's heads)
+
+
+def heads_graph(fused: bool = True, layout: str = "bshd", batch=(2, 16), seq=(257, 2048), **kw) -> og.Graph:
+    """Causal GQA attention over a dynamic batch and sequence: q, k and v the heads of one [batch, seq,
+    (HQ + 2 HK) * D] projection read in place (`fused`), or three tensors of their own in `layout`."""
+    b, s = og.Dim("batch", *batch), og.Dim("seq", *seq)
+    g = og.Graph("heads", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    if fused:
+        qkv = g.tensor(dim=[b, s, (HQ + 2 * HK) * D], name="qkv")
+        spans = [(0, HQ), (HQ, HQ + HK), (HQ + HK, HQ + 2 * HK)]
+        q, k, v = (
+            g.transpose(
+                g.reshape(g.slice(qkv, [slice(None), slice(None), slice(lo * D, hi * D)])).set_dim([b, s, hi - lo, D]),
+                [0, 2, 1, 3],
+            )
+            for lo, hi in spans
+        )
+    else:
+
+        def stride(h):
+            return [s * h * D, D, h * D, 1] if layout == "bshd" else [h * s * D, s * D, D, 1]
+
+        q, k, v = (g.tensor(dim=[b, h, s, D], stride=stride(h), name=n) for n, h in (("q", HQ), ("k", HK), ("v", HK)))
+    kw.setdefault("use_causal_mask", True)
+    kw.setdefault("generate_stats", False)
+    o, stats = g.sdpa(q, k, v, attn_scale=D**-0.5, name="attention", **kw)
+    if stats is not None:
+        stats.set_output(True)
+    o.set_output(True).set_name("o").set_stride([s * HQ * D, D, HQ * D, 1])
+    return g
+
+
+def piece_at(g: og.Graph, env: dict | None = None):
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    at = final.in_bucket(env or bucket.hint_map, bucket)
+    return make_piece(at, 0, at.nodes)
+
+
+def expected(piece, b: int, s: int, batches: int, steps: list[int]) -> list[int]:
+    """The lengths buffer written by hand: seq_len_q and seq_len_kv (b lengths, then zeros), then the ragged
+    offsets of q, k, v and o (batch i starts at min(i, b) batch strides), each section 16-byte aligned."""
+    out: list[int] = []
+    for name in EXTRAS:
+        if name.startswith("seq_len"):
+            part = [s] * b + [0] * (batches - b)
+        else:
+            step = steps[EXTRAS.index(name) - 2]
+            part = [min(i, b) * step for i in range(batches + 1)]
+        out += part + [0] * (-len(part) % 4)
+    return out
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-qkv", "three-tensors"])
+def test_heads_read_in_place_take_the_padded_form_and_each_shape_its_lengths(fused):
+    g = heads_graph(fused)
+    for b, s in [(6, 720), (13, 1569), (2, 257), (16, 2048)]:
+        piece = piece_at(g, {"batch": b, "seq": s})
+        form = padded_form(piece)
+        assert isinstance(form, PaddedForm), form
+        assert form.batch == 16 and form.layouts[0].dim == (16, HQ, 2048, D)
+        row = (HQ + 2 * HK) * D if fused else None
+        steps = [s * (row or h * D) for h in (HQ, HK, HK)] + [s * HQ * D]
+        got = lengths(form, piece, attention_views(piece) or {})
+        assert got == expected(piece, b, s, 16, steps), (b, s)
+    assert all(start % 4 == 0 for start, _ in sections(16).values())
+
+
+def test_a_layout_that_changes_within_the_bucket_is_declined_with_a_reason():
+    """[batch, heads, seq, dim] contiguous: the heads' stride is seq * dim, a run-time value that ragged
+    offsets do not carry (the generated kernel runs the bucket)."""
+    why = padded_form(piece_at(heads_graph(False, "bhsd")))
+    assert isinstance(why, str) and "changes its layout within the bucket" in why, why
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"generate_stats": True}, "no Stats"),
+        ({"use_causal_mask": False, "use_causal_mask_bottom_right": True}, "bottom-right"),
+        ({"sliding_window_length": 64}, "sliding window"),
+    ],
+)
+def test_what_the_padded_form_does_not_take_is_declined_with_a_reason(kw, words):
+    why = padded_form(piece_at(heads_graph(**kw)))
+    assert isinstance(why, str) and words in why, why
+
+
+def test_a_piece_whose_operands_do_not_vary_is_not_padded():
+    g = heads_graph(batch=(4, 4), seq=(512, 512))  # (a static graph)
+    static = g.final
+    assert padded_form(make_piece(static, 0, static.nodes)) is None
+
+
+def test_cudnn_leads_on_bucket_attention_in_the_padded_form_worth_its_launch():
+    """The policy's first cudnn rule: the engine reports the form (ONE_PLAN_PER_BUCKET), and cuDNN leads
+    where the estimate at the bucket's hint is worth a launch; a layout the form does not take keeps the
+    generated kernel first (test_policy's bucket test)."""
+    cudnn = get_engine("cudnn")
+    long = piece_at(heads_graph())
+    assert PieceFact.ONE_PLAN_PER_BUCKET in cudnn.facts(long, H200).facts
+    assert POLICY.leads(long, cudnn, H200)
+    short = piece_at(heads_graph(batch=(1, 1), seq=(17, 256)))
+    assert PieceFact.ONE_PLAN_PER_BUCKET in cudnn.facts(short, H200).facts
+    assert not POLICY.leads(short, cudnn, H200)  # (a few µs at its hint: the generated kernel's launch wins)
+    bhsd = piece_at(heads_graph(False, "bhsd"))
+    assert PieceFact.ONE_PLAN_PER_BUCKET not in cudnn.facts(bhsd, H200).facts and not POLICY.leads(bhsd, cudnn, H200)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
+    """bf16 GQA attention over the heads of a fused projection, batch 2-16 x seq 257-2048: the cudnn step at
+    every shape (one plan, re-pointed: nothing built per shape), right against the reference engine; O
+    bound inside a larger poisoned buffer comes back with everything past it untouched."""
+    import torch
+
+    pytest.importorskip("cudnn")
+    g = heads_graph()
+    plan = g.build(device="cuda", buckets="one")
+    rng = np.random.default_rng(21)
+    for b, s in [(6, 720), (2, 257), (13, 1569), (16, 2048), (3, 300), (2, 1999)]:
+        run_at_shape(plan, {"batch": b, "seq": s}, rng, relative_to_scale=True)
+        (step,) = plan.at({"batch": b, "seq": s}).steps
+        assert step.config.engine == "cudnn" and step.kernel.padded is not None, plan.at(
+            {"batch": b, "seq": s}
+        ).describe()
+    assert plan.stats["shape_builds"] == 0 and plan.stats["shape_kernels"] == 0, plan.stats
+
+    b, s = 5, 611
+    static = g.final.at({"batch": b, "seq": s})
+    qkv = torch.randn(b, s, (HQ + 2 * HK) * D, device="cuda").to(torch.bfloat16)
+    o_desc = static.tensor("o")
+    size = b * s * HQ * D
+    room = torch.full((size + 4096,), 7.0, device="cuda", dtype=torch.bfloat16)
+    o = room[:size].as_strided(o_desc.dim, o_desc.stride)
+    o.fill_(float("nan"))
+    plan.execute({static.tensor("qkv").uid: qkv, o_desc.uid: o})
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(o).all()) and bool((room[size:] == 7.0).all())
