@@ -135,24 +135,24 @@ def test_cudnn_leads_on_bucket_attention_in_the_padded_form_worth_its_launch():
 @pytest.mark.gpu
 @requires_cuda
 def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
-    """bf16 GQA attention over the heads of a fused projection, batch 2-16 x seq 257-2048: the cudnn step at
-    every shape (one plan, re-pointed: nothing built per shape), right against the reference engine; O
-    bound inside a larger poisoned buffer comes back with everything past it untouched."""
+    """bf16 GQA attention over the heads of a fused projection, batch 2-4 x seq 65-320 (small enough for the
+    reference engine): the cudnn step at every shape (one plan, re-pointed: nothing built per shape),
+    right against the reference engine at the range's ends, primes and the hint; O bound inside a larger
+    poisoned buffer comes back with everything past it untouched."""
     import torch
 
     pytest.importorskip("cudnn")
-    g = heads_graph()
-    plan = g.build(device="cuda", buckets="one")
+    g = heads_graph(batch=(2, 4), seq=(65, 320))
+    plan = g.build(device="cuda", engines=["cudnn"], buckets="one")
     rng = np.random.default_rng(21)
-    for b, s in [(6, 720), (2, 257), (13, 1569), (16, 2048), (3, 300), (2, 1999)]:
+    for b, s in [(2, 65), (4, 320), (3, 127), (2, 320), (4, 65), (3, 192)]:
         run_at_shape(plan, {"batch": b, "seq": s}, rng, relative_to_scale=True)
-        (step,) = plan.at({"batch": b, "seq": s}).steps
-        assert step.config.engine == "cudnn" and step.kernel.padded is not None, plan.at(
-            {"batch": b, "seq": s}
-        ).describe()
+        at = plan.at({"batch": b, "seq": s})
+        (step,) = at.steps
+        assert step.config.engine == "cudnn" and step.kernel.padded is not None, at.describe()
     assert plan.stats["shape_builds"] == 0 and plan.stats["shape_kernels"] == 0, plan.stats
 
-    b, s = 5, 611
+    b, s = 3, 211
     static = g.final.at({"batch": b, "seq": s})
     qkv = torch.randn(b, s, (HQ + 2 * HK) * D, device="cuda").to(torch.bfloat16)
     o_desc = static.tensor("o")
