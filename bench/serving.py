@@ -20,8 +20,9 @@ re-pointed), what ran it (opgraph: the steps by engine of the plan at the range'
 garbage collector's passes during the loop (gc.callbacks: the full ones apart, with their seconds).
 Checked after the loop (checking first would warm the caches the loop is timed from): the first
 requests' and the sampled requests' outputs, and the static plans', against the float64 module. The
-sampled requests are also timed alone (CUDA events, median of 10 after a warm-up), each against a
-static opgraph plan built for that very shape. Targets (issue 42): the loop <= 0.5x
+sampled requests (`sampled`: spread over the loop, and the shortest and the median ones) are also timed
+alone (CUDA events, median of 10 after a warm-up), each against a static opgraph plan built for that
+very shape. Targets (issue 42): the loop <= 0.5x
 torch.compile dynamic's wall time; each request within 10% of the static plan's time; no build after
 the first request of each bucket.
 """
@@ -49,7 +50,17 @@ ENGINES = {"torch eager": EAGER_ENGINE, "torch.compile dynamic": INDUCTOR_ENGINE
 CHECKED = 3  # requests whose outputs are checked against float64
 # the dynamic plan's counters that move when a request builds (a new shape alone moves shape_plans)
 BUILDS = ("bucket_plans", "rechosen", "replans", "runtime_compiles", "shape_kernels", "shape_builds", "compiled")
-SAMPLED = 6  # requests timed alone (and, for opgraph, against a static plan of their shape)
+SAMPLED = 6  # requests timed alone (and, for opgraph, against a static plan of their shape) ...
+
+
+def sampled(reqs: list[tuple[int, int]]) -> list[int]:
+    """The requests timed alone: SAMPLED spread over the loop (a fixed stride through it), and the
+    requests of the fewest and of the median tokens (batch x sequence), so that short requests, where a
+    plan's fixed costs weigh most, are measured too."""
+    order = sorted(range(len(reqs)), key=lambda i: (i * 7919) % len(reqs))[:SAMPLED]
+    by_tokens = sorted(range(len(reqs)), key=lambda i: (reqs[i][0] * reqs[i][1], i))
+    extra = [by_tokens[0], by_tokens[len(by_tokens) // 2]] if reqs else []
+    return list(dict.fromkeys([*order, *extra]))
 
 
 def _config(dry: bool) -> dict[str, Any]:
@@ -229,7 +240,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             want = reference(ids)
             return float((got.double() - want).norm() / want.norm())
 
-        sample = sorted(range(len(reqs)), key=lambda i: (i * 7919) % len(reqs))[:SAMPLED]
+        sample = sampled(reqs)
         out["errors"], out["alone"] = [], []
         for i in sorted(set(range(min(CHECKED, len(reqs)))) | set(sample)):
             ids = _ids(i, reqs[i], cfg["vocab"], device)

@@ -39,3 +39,18 @@ def test_dry_run_serves_every_request_and_checks_it(tmp_path):
     assert all("static_ms" in a for a in ours["alone"])
     assert ours["engine"] == "reference" and len(ours["errors"]) == 2 * len(ours["alone"])  # (the static plans too)
     assert "GC: full passes" in (tmp_path / result.name.replace(".json", ".md")).read_text()
+
+
+def test_the_sampled_requests_include_the_shortest_and_the_median():
+    from bench.serving import SAMPLED, sampled
+
+    reqs = [
+        (b, s)
+        for b, s in zip(
+            [3, 16, 1, 8, 2, 9, 4, 12, 5, 7, 6, 11], [900, 2000, 17, 64, 300, 40, 1500, 800, 120, 33, 256, 700]
+        )
+    ]
+    picked = sampled(reqs)
+    tokens = sorted(range(len(reqs)), key=lambda i: reqs[i][0] * reqs[i][1])
+    assert tokens[0] in picked and tokens[len(reqs) // 2] in picked
+    assert len(set(picked)) == len(picked) and SAMPLED <= len(picked) <= SAMPLED + 2
