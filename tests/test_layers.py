@@ -188,7 +188,13 @@ ENGINE_HOMES = {
     "triton": ("opgraph.engines.triton",),
     "torch": ("opgraph.engines.torch_engine",),
     "library": ("opgraph.engines.library",),
-    "cudnn": ("opgraph.engines.cudnn_frontend", "opgraph.engines.cudnn_launch", "opgraph.engines.cudnn_sdpa"),
+    "cudnn": (
+        "opgraph.engines.cudnn_frontend",
+        "opgraph.engines.cudnn_launch",
+        "opgraph.engines.cudnn_lowering",
+        "opgraph.engines.cudnn_padded",
+        "opgraph.engines.cudnn_sdpa",
+    ),
 }
 NEUTRAL_ENGINE_MODULES = (
     "opgraph.engines",  # the registry (get_engine, register_engine)

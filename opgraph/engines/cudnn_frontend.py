@@ -2,7 +2,7 @@
 (`pip install nvidia-cudnn-frontend`), so that cuDNN's own fused kernels (runtime-fusion conv with
 its epilogue, conv + genstats, dgrad + drelu) compete with the generated ones.
 
-opgraph's ops and their argument names are cuDNN frontend's, so lowering is a table: each node
+opgraph's ops and their argument names are cuDNN frontend's, so lowering (cudnn_lowering.py) is a table: each node
 becomes the pygraph call of the same name with the same roles; literals become compile-time
 scalars; piece inputs and outputs keep their UIDs, dims, strides and types; intermediates are
 virtual tensors of their declared type. A piece is offered to cuDNN only around an fp16/bf16 convolution or matmul with an fp16/bf16/fp32
@@ -31,7 +31,7 @@ from typing import Any
 from ..core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, Support
 from ..core.device import Device
 from ..core.dtypes import DataType
-from ..core.errors import AttributeValueError, ExecutionError, InternalError, expect
+from ..core.errors import AttributeValueError, ExecutionError
 from ..core.ir import Const, Node
 from ..core.piece import Piece
 from ..core.torch_interop import as_torch
@@ -39,24 +39,28 @@ from ..core.types import Buffer, Stream, UidPack
 from ..ops.attention import SdpaBackward
 from ..ops.conv import _Conv
 from ..ops.pointwise import Pointwise, PointwiseMode
-from ..ops.reduction import Reduction
 from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, EngineFacts, Kernel, PieceFact
 from .cost import estimate_us
-from .cudnn_padded import EXTRA_UIDS, EXTRAS, PaddedForm, lengths, padded_form, sections
+from .cudnn_lowering import (
+    CANON_BASE,
+    GEMM_KINDS,
+    PARAM_METHODS,
+    Lowering,
+    canonical_uids,
+    cudnn_module,
+)
+from .cudnn_padded import EXTRA_UIDS, PaddedForm, lengths, padded_form, sections
 from .cudnn_sdpa import (
     ATTENTION_KINDS,
     MOVES,
     attention_problem,
     attention_views,
-    lower_attention,
     operand_slots,
-    scalar_uids,
 )
 from .shared.conv_shapes import CONV_KINDS
 
 log = logging.getLogger("opgraph.cudnn")
-GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
 ANCHORS = GEMM_KINDS | ATTENTION_KINDS  # what cuDNN builds fused graphs around, as this engine offers them
 OTHER_KINDS = frozenset({"pointwise", "genstats", "reduction"})
 # GEMM operand types offered to cuDNN: the fp16 configurations benchmarked and tested on the H100; an
@@ -68,19 +72,10 @@ GEMM_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16})
 # DOUBLE output that cuDNN accepted came back NaN (bench/results/constants.md#cudnn-gemm-types).
 GEMM_OUT_TYPES = frozenset({DataType.HALF, DataType.BFLOAT16, DataType.FLOAT})
 B_PLANS = 4
-# opgraph pointwise modes whose scalar parameters cuDNN's pygraph takes (as numbers), by method
-_PARAM_METHODS = {"relu", "relu_backward", "swish", "swish_backward"}
-_CONV_ATTRS = ("pre_padding", "post_padding", "stride", "dilation")
 
 
 class Declined(Exception):
     """A piece the lowering cannot express in cuDNN's graph API (the message says why)."""
-
-
-def _cudnn() -> Any:
-    import cudnn  # noqa: PLC0415 - optional dependency
-
-    return cudnn
 
 
 @functools.cache
@@ -88,7 +83,7 @@ def _import_problem() -> str | None:
     if importlib.util.find_spec("cudnn") is None:
         return "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)"
     try:
-        _cudnn().backend_version()
+        cudnn_module().backend_version()
     except Exception as err:  # noqa: BLE001 - any failure to load cuDNN is a reason, not a crash
         return f"the cuDNN frontend cannot load cuDNN: {type(err).__name__}: {err}"
     return None
@@ -99,11 +94,7 @@ def _handle(index: int) -> Any:
     import torch
 
     with torch.cuda.device(index):
-        return _cudnn().create_handle()
-
-
-def _dtype(cudnn: Any, dt: DataType) -> Any:
-    return getattr(cudnn.data_type, dt.name)
+        return cudnn_module().create_handle()
 
 
 def static_problem(piece: Piece) -> tuple[str, Node | None] | None:
@@ -226,154 +217,16 @@ def _pointwise_problem(node: Node) -> str | None:
             continue
         if not isinstance(value, Const):
             return f"cuDNN's {method} takes its {role} as a number, not a tensor"
-        if method not in _PARAM_METHODS and value.value != default:
+        if method not in PARAM_METHODS and value.value != default:
             return f"cuDNN's {method} has no {role} parameter ({role}={value.value} here)"
     return None
-
-
-CANON_BASE = 1 << 20
-
-
-def canonical_uids(piece: Piece, keys: list[int] | None = None) -> dict[int, int]:
-    """The UIDs a piece's cuDNN graph gives what it binds (its inputs and outputs, and attention
-    operands read through views: cudnn_sdpa.operand_slots): by position (CANON_BASE + i), not the
-    piece's own, so that a plan built (and serialized) for one piece serves every piece with the same
-    signature (the repeated blocks of a network). Far above the frontend's own numbering of virtual
-    tensors. `keys`: operand_slots(piece)'s, where the caller has them."""
-    return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0] if keys is None else keys)}
-
-
-def _number(node: Node, role: str) -> float:
-    """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
-    value = node.input(role)
-    if not isinstance(value, Const):
-        raise InternalError(
-            f"{role} is not a literal",
-            op=node.label(),
-            rule="internal.invariant",
-            hint="this is an opgraph bug: please report it with the graph",
-        )
-    return float(value.value)
-
-
-class _Lowering:
-    """Builds the cuDNN pygraph of a piece (the graph only: planning is the caller's)."""
-
-    def __init__(self, piece: Piece, handle: Any, padded: PaddedForm | None = None) -> None:
-        self.cudnn = cudnn = _cudnn()
-        self.piece = piece
-        self.padded = padded
-        self.graph = cudnn.pygraph(
-            name=f"opgraph_piece_{piece.index}",
-            io_data_type=cudnn.data_type.HALF,
-            intermediate_data_type=cudnn.data_type.FLOAT,
-            compute_data_type=cudnn.data_type.FLOAT,
-            handle=handle,
-        )
-        self.tensors: dict[int, Any] = {}
-        self.by_value: list[int] = []
-        keys, self.views = operand_slots(piece)
-        self.canon = canonical_uids(piece, keys)
-        scalars = scalar_uids(piece)
-        produced = {u for n in piece.nodes if n.kind not in MOVES for u in n.output_uids()}
-        for uid in keys:
-            if uid in produced:
-                continue  # (an output, declared by its op; a view operand's own tensor is declared here)
-            t = self.views[uid].desc if uid in self.views else piece.tensor(uid)
-            dim, stride = ([1, 1, 1, 1], [1, 1, 1, 1]) if uid in scalars else (list(t.dim), list(t.stride))
-            self.tensors[uid] = self.graph.tensor(
-                dim=dim,
-                stride=stride,
-                data_type=_dtype(cudnn, t.data_type),
-                uid=self.canon[uid],
-                is_pass_by_value=t.is_pass_by_value,
-                name=f"t{uid}",
-            )
-            if t.is_pass_by_value:
-                self.by_value.append(uid)
-        self.extras: dict[str, Any] = {}
-        if padded is not None:
-            self._declare_padding(keys)
-        for node in piece.nodes:
-            self._node(node)
-
-    def _declare_padding(self, keys: list[int]) -> None:
-        """The padded form's int32 lengths and ragged offsets (cudnn_padded), numbered after the piece's
-        operands, the offsets set on q, k and v (o's once the sdpa made it)."""
-        assert self.padded is not None
-        batch = self.padded.batch
-        node = next(n for n in self.piece.nodes if n.kind in ATTENTION_KINDS)
-        for i, name in enumerate(EXTRAS):
-            rows = batch if name.startswith("seq_len") else batch + 1
-            self.canon[EXTRA_UIDS[name]] = CANON_BASE + len(keys) + i
-            self.extras[name] = self.graph.tensor(
-                dim=[rows, 1, 1, 1],
-                stride=[1, 1, 1, 1],
-                data_type=self.cudnn.data_type.INT32,
-                uid=self.canon[EXTRA_UIDS[name]],
-                name=name,
-            )
-        for role in ("q", "k", "v"):
-            self.tensors[node.input(role)].set_ragged_offset(self.extras[f"ragged_{role}"])  # type: ignore[index]
-
-    def dtype(self, dt: DataType) -> Any:
-        return _dtype(self.cudnn, dt)
-
-    def _operand(self, value: Any) -> Any:
-        if isinstance(value, Const):
-            return self.graph.tensor_scalar(float(value.value), self.cudnn.scalar_type.COMPILE_TIME_CONST)
-        return self.tensors[value]
-
-    def _node(self, node: Node) -> None:
-        g, kind = self.graph, node.kind
-        if self.views and kind in MOVES:  # (static_problem let view ops in only as views of attention)
-            return  # (read or written in place: the views' tensors)
-        kwargs: dict[str, Any] = {
-            "compute_data_type": _dtype(self.cudnn, node.compute_data_type),
-            "name": f"n_{node.name}",
-        }
-        roles = {r: self._operand(v) for r, v in zip(node.op.input_roles(), node.inputs) if v is not None}
-        if kind == "pointwise":
-            op = node.op_as(Pointwise)
-            method = op.mode.value
-            operands = [roles.pop(r) for r in op.operand_roles()]
-            params = {r: _number(node, r) for r in roles}
-            if method in _PARAM_METHODS:
-                kwargs.update(params)
-            if method in ("relu_backward", "swish_backward"):
-                outs = [getattr(g, method)(operands[0], operands[1], **kwargs)]
-            else:
-                outs = [getattr(g, method)(*operands, **kwargs)]
-        elif kind in ATTENTION_KINDS:
-            outs = lower_attention(self, node, kwargs)
-        elif kind == "matmul":
-            outs = [g.matmul(roles["A"], roles["B"], **kwargs)]
-        elif kind == "reduction":
-            mode = getattr(self.cudnn.reduction_mode, node.op_as(Reduction).mode.name)
-            out = self.piece.tensor(expect(node.outputs[0], "the reduction's output"))
-            outs = [g.reduction(roles["input"], mode=mode, out_dims=list(out.dim), **kwargs)]
-        elif kind in GEMM_KINDS:
-            attrs = {a: list(getattr(node.op, a)) for a in _CONV_ATTRS}
-            out = self.piece.tensor(expect(node.outputs[0], f"the {kind} output"))
-            outs = [getattr(g, kind)(**roles, **attrs, out_dims=list(out.dim), **kwargs)]
-        else:  # genstats: same roles, outputs in the same order
-            result = getattr(g, kind)(**roles, **kwargs)
-            outs = list(result) if isinstance(result, (tuple, list)) else [result]
-        for uid, t in zip(node.outputs, outs):
-            if uid is None or t is None:
-                continue
-            desc = self.views[uid].desc if uid in self.views else self.piece.tensor(uid)
-            t.set_data_type(_dtype(self.cudnn, desc.data_type)).set_dim(list(desc.dim)).set_stride(list(desc.stride))
-            if uid in self.piece.outputs or uid in self.views:
-                t.set_output(True).set_uid(self.canon[uid])
-            self.tensors[uid] = t
 
 
 def _plans(piece: Piece, device: Device, heuristic: str, padded: PaddedForm | None = None) -> tuple[Any, list[str]]:
     """The piece's cuDNN graph planned with `heuristic` (in the padded form at the bucket's largest
     shape where `padded` is given), and its plans' names (ranked)."""
-    cudnn = _cudnn()
-    lowered = _Lowering(padded.largest if padded is not None else piece, _handle(device.index), padded)
+    cudnn = cudnn_module()
+    lowered = Lowering(padded.largest if padded is not None else piece, _handle(device.index), padded)
     g = lowered.graph
     g.validate()
     g.build_operation_graph()
