@@ -1,8 +1,9 @@
 """The serving Llama's attention (bf16, GQA 16/4, D 64, causal, heads read in place from [batch, seq, heads, 64])
 at serving shapes: every forward config of the generated kernel's heuristic list for D <= 64 (and each with
 TMA reads) beside cuDNN's plan, each output checked against PyTorch's SDPA in float32 first, then timed alone
-(`ExecutionPlan.profile_steps`, median of 10). In a dynamic plan's bucket attention runs the generated kernel
-(a cuDNN plan is per shape): this says which config comes closest to cuDNN there (issue 42's last gap).
+(`ExecutionPlan.profile_steps`, median of 10). In a dynamic plan's bucket that cuDNN's padded form does not
+take (opgraph/engines/cudnn_padded.py) attention runs the generated kernel: this says which config comes
+closest to cuDNN (scripts/cudnn_padded_check.py measures the padded form itself).
 
     python scripts/bucket_attention_check.py                     # H200: 13x1569 and 5x1900
     python scripts/bucket_attention_check.py --shapes 8x1024     # other batch x seq
