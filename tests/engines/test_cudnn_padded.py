@@ -163,3 +163,82 @@ def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
     plan.execute({static.tensor("qkv").uid: qkv, o_desc.uid: o})
     torch.cuda.synchronize()
     assert bool(torch.isfinite(o).all()) and bool((room[size:] == 7.0).all())
+
+
+class _FakeTensor:
+    """What the lowering declares and sets on a cuDNN frontend tensor, recorded."""
+
+    def __init__(self, **kw):
+        self.kw, self.ragged, self.output = kw, None, False
+
+    def set_ragged_offset(self, t):
+        self.ragged = t
+        return self
+
+    def set_output(self, flag):
+        self.output = flag
+        return self
+
+    def __getattr__(self, name):  # set_uid, set_dim, set_stride, set_data_type: recorded
+        if not name.startswith("set_"):
+            raise AttributeError(name)
+
+        def setter(value):
+            self.kw[name.removeprefix("set_")] = value
+            return self
+
+        return setter
+
+
+class _FakeGraph:
+    def __init__(self, **kw):
+        self.sdpa_kw = None
+
+    def tensor(self, **kw):
+        return _FakeTensor(**kw)
+
+    def tensor_scalar(self, value, kind):
+        return _FakeTensor(value=value)
+
+    def sdpa(self, q, k, v, **kw):
+        self.sdpa_kw = dict(kw, q=q, k=k, v=v)
+        return _FakeTensor(), None
+
+
+def test_the_lowering_declares_the_lengths_and_ragged_offsets_at_the_largest_shape(monkeypatch):
+    """The cuDNN graph of the padded form, lowered against a stand-in frontend (no cuDNN here): q, k and v
+    declared at the bucket's largest shape, each with its ragged offsets, O's set too; the lengths and
+    offsets int32 tensors of the largest batch, numbered after the piece's operands; sdpa asked for the
+    padding mask with them. A kernel at a shape binds its stand-in UIDs to those numbers."""
+    import sys
+    import types
+
+    from opgraph.engines.cudnn_lowering import CANON_BASE, Lowering
+
+    kinds = types.SimpleNamespace(BFLOAT16="bf16", HALF="f16", FLOAT="f32", INT32="i32")
+    fake = types.SimpleNamespace(
+        pygraph=_FakeGraph, data_type=kinds, scalar_type=types.SimpleNamespace(COMPILE_TIME_CONST=0)
+    )
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    form = padded_form(piece_at(heads_graph(), {"batch": 5, "seq": 611}))
+    assert isinstance(form, PaddedForm)
+    lowered = Lowering(form.largest, handle=None, padded=form)
+    keys = [u for u in lowered.canon if u >= 0]
+    extras = lowered.extras
+    assert list(extras) == list(EXTRAS)
+    for i, name in enumerate(EXTRAS):
+        t = extras[name]
+        assert t.kw["data_type"] == "i32" and t.kw["uid"] == CANON_BASE + len(keys) + i
+        assert t.kw["dim"] == [16 if name.startswith("seq_len") else 17, 1, 1, 1]
+    call = lowered.graph.sdpa_kw
+    assert (
+        call["use_padding_mask"]
+        and call["seq_len_q"] is extras["seq_len_q"]
+        and call["seq_len_kv"] is extras["seq_len_kv"]
+    )
+    for role in "qkv":
+        assert call[role].ragged is extras[f"ragged_{role}"]
+    assert call["q"].kw["dim"] == [16, HQ, 2048, D] and call["q"].kw["stride"][1:] == [D, (HQ + 2 * HK) * D, 1]
+    node = next(n for n in form.largest.nodes if n.kind == "sdpa")
+    o = lowered.tensors[node.output("o")]
+    assert o.ragged is extras["ragged_o"] and o.output
