@@ -8,6 +8,12 @@ closest to cuDNN (scripts/cudnn_padded_check.py measures the padded form itself)
     python scripts/bucket_attention_check.py                     # H200: 13x1569 and 5x1900
     python scripts/bucket_attention_check.py --shapes 8x1024     # other batch x seq
     python scripts/bucket_attention_check.py --dry               # CPU: the interpreter, a tiny shape (wiring only)
+    python scripts/bucket_attention_check.py --shapes 3x20,2x300 --bucket 16x2048
+                                        # short shapes, with cuDNN's padded plan of a 2-16 x 17-2048 bucket
+
+On a GPU each shape also gets a row for cuDNN's padded form (opgraph/engines/cudnn_padded.py): the attention
+of a dynamic graph over batch 1..B x seq 17..S (`--bucket BxS`, default 16x2048) built once with the cudnn
+engine, its plan at the shape (one plan for the bucket, re-pointed).
 """
 
 from __future__ import annotations
@@ -33,10 +39,10 @@ from tests.helpers import step_plan  # noqa: E402
 HQ, HK, D = 16, 4, 64
 
 
-def graph(b: int, s: int) -> tuple[og.Graph, og.Tensor]:
+def graph(b: int | og.Dim, s: int | og.Dim) -> tuple[og.Graph, og.Tensor]:
     g = og.Graph("attention", io_data_type=og.DataType.BFLOAT16, intermediate_data_type=og.DataType.FLOAT)
 
-    def bshd(h: int) -> list[int]:  # (the heads of a projection's output, read in place)
+    def bshd(h: int) -> list:  # (the heads of a projection's output, read in place)
         return [s * h * D, D, h * D, 1]
 
     q = g.tensor(dim=[b, HQ, s, D], stride=bshd(HQ), name="q")
@@ -83,14 +89,37 @@ def reference(pack: dict, g: og.Graph) -> torch.Tensor:
     )
 
 
+def padded_row(plan: og.ExecutionPlan, dyn: og.Graph, b: int, s: int) -> tuple[float, float, str]:
+    """(µs, error, config) of the bucket's padded cuDNN plan at one shape, on a pack of its own."""
+    from opgraph.core.torch_interop import pack_to_device
+
+    at = plan.at({"batch": b, "seq": s})
+    static = dyn.final.at({"batch": b, "seq": s})
+    pack = pack_to_device(og.testing.random_pack(static, np.random.default_rng(1)), "cuda")
+    want = reference(pack, dyn)
+    (o,) = static.outputs
+    poison(pack[o])
+    at.execute(pack)
+    err = float((as_float(pack[o]) - want).abs().max()) / float(want.abs().max())
+    (step,) = at.steps
+    padded = getattr(step.kernel, "padded", None) is not None
+    return at.profile_steps(pack, 10)[0].device_us, err, f"cudnn padded={padded} {dict(step.config.knobs)}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="13x1569,5x1900", help="batch x seq, comma-separated")
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--bucket", default="16x2048", help="the padded plan's bucket: batch 1..B x seq 17..S")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.dry
     device = "cuda" if cuda else "cpu"
     shapes = [(2, 33)] if args.dry else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    bucketed = None
+    if cuda:
+        top_b, top_s = (int(v) for v in args.bucket.split("x"))
+        dyn, _ = graph(og.Dim("batch", 1, top_b), og.Dim("seq", 17, top_s))
+        bucketed = (dyn.build(device=device, engines=["cudnn"], buckets="one"), dyn)
     for b, s in shapes:
         g, o = graph(b, s)
         pack = og.testing.random_pack(g.final, np.random.default_rng(0))
@@ -117,9 +146,15 @@ def main() -> None:
                 rows.append((us, err, config))
             except Exception as e:  # noqa: BLE001 - a config that fails is a row, not the end of the run
                 rows.append((float("inf"), float("nan"), f"{config}: {type(e).__name__}: {str(e)[:160]}"))
+        if bucketed is not None:
+            try:
+                us, err, name = padded_row(*bucketed, b, s)
+                rows.append((us, err, name))
+            except Exception as e:  # noqa: BLE001
+                rows.append((float("inf"), float("nan"), f"cudnn padded: {type(e).__name__}: {str(e)[:160]}"))
         print(f"== {b} x {s}: {len(rows)} configs (max |error| relative to max |output|; bf16 ~4e-3)")
         for us, err, config in sorted(rows, key=lambda r: r[0]):
-            knobs = config if isinstance(config, str) else f"{config.engine} {dict(config.knobs)}"
+            knobs = config if isinstance(config, str) else f"{config.engine} {dict(config.knobs)}"  # (or a row's text)
             print(f"{us:9.1f} us  err {err:.2e}  {'BAD ' if not err <= 2e-2 else ''}{knobs}", flush=True)
 
 
