@@ -550,14 +550,18 @@ class CudnnEngine(Engine):
             return []
         count = B_PLANS if mode is HeurMode.B else 1
         numerical, behavior = _notes(piece)
+        form = padded(piece)
+        # (the padded form says so in the config, and at which shape its one plan is built: batch x rows)
+        shown = () if form is None else (("padded", f"{form.batch}x{form.layouts[0].dim[2]}"),)
+        also = "" if form is None else ", in the padded form: one plan for every shape of the bucket"
         return [
             EngineConfig(
                 "cudnn",
-                (("heuristic", "A"), ("plan", i), ("name", name)),
+                (("heuristic", "A"), ("plan", i), ("name", name), *shown),
                 numerical_notes=numerical,
                 behavior_notes=behavior,
                 estimate_us=estimate_us(piece, device),
-                why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic)",
+                why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic){also}",
             )
             for i, name in enumerate(names[:count])
         ]

@@ -150,6 +150,7 @@ def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
         at = plan.at({"batch": b, "seq": s})
         (step,) = at.steps
         assert step.config.engine == "cudnn" and step.kernel.padded is not None, at.describe()
+        assert dict(step.config.knobs)["padded"] == "4x320" and "padded=4x320" in at.describe()
     assert plan.stats["shape_builds"] == 0 and plan.stats["shape_kernels"] == 0, plan.stats
 
     b, s = 3, 211
