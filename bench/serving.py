@@ -166,15 +166,17 @@ def _alone_ms(call: Any, ids: Any, device: str, reps: int = 10) -> dict[str, flo
 
 
 def _device_ms(call: Any, ids: Any, reps: int) -> float | None:
+    """`_alone_ms`'s device time: each call queued behind a spin of the GPU (torch.cuda._sleep), kept only
+    where the host finished launching it (the end event included) before the spin ended, as measured."""
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pre, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize()
-    start.record()
+    pre.record()
     torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 1_000_000 / max(start.elapsed_time(end), 1e-3)
+    start.record()
+    start.synchronize()
+    cycles_per_ms = 1_000_000 / max(pre.elapsed_time(start), 1e-3)
     t = time.perf_counter()
     call(ids)
     launch_ms = 1e3 * (time.perf_counter() - t)
@@ -182,14 +184,15 @@ def _device_ms(call: Any, ids: Any, reps: int) -> float | None:
     for spin_ms in (2 * launch_ms + 1, 4 * launch_ms + 2):
         times = []
         for _ in range(reps):
-            torch.cuda._sleep(int(spin_ms * cycles_per_ms))
             t = time.perf_counter()
+            pre.record()
+            torch.cuda._sleep(int(spin_ms * cycles_per_ms))
             start.record()
             call(ids)
             end.record()
             host_ms = 1e3 * (time.perf_counter() - t)
             end.synchronize()
-            if host_ms >= spin_ms:
+            if host_ms >= pre.elapsed_time(start):
                 break  # the GPU caught up with the host: not device time alone
             times.append(start.elapsed_time(end))
         if len(times) == reps:
@@ -354,6 +357,8 @@ def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             if a.get("device_ms") and a.get("static_device_ms")
         ]
         vs_static = f"{min(device_only):.2f}-{max(device_only):.2f}x" if device_only else "—"
+        if device_only and len(device_only) < len(launched):  # (a request whose device time was not measured)
+            vs_static += f" ({len(device_only)} of {len(launched)})"
         built = len(r["built"]) if r["impl"] == "opgraph" else "—"
         fresh = [r["request_ms"][i] for i in r.get("new_shapes", ())]
         repointed = f"{len(fresh)} ({statistics.median(fresh):.2f})" if fresh else ("0" if built != "—" else "—")

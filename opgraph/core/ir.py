@@ -318,6 +318,10 @@ class ShapeOrigin:
         as planned for the bucket."""
         return self.graph.in_bucket({name: hi for name, _, hi in self.bucket.ranges}, self.bucket)
 
+    def at_smallest(self) -> FinalGraph:
+        """The symbolic graph at the bucket's smallest shape (every dim at its sub-range's bottom)."""
+        return self.graph.in_bucket({name: lo for name, lo, _ in self.bucket.ranges}, self.bucket)
+
 
 AT_CACHE = 64  # static graphs kept per dynamic graph (FinalGraph.at)
 

@@ -166,6 +166,10 @@ class Kernel(ABC):
         """Generated source code, for engines that generate it."""
         return None
 
+    def detail(self) -> str | None:
+        """What the plan's description says of this kernel beyond its config (None: nothing)."""
+        return None
+
     def drop_cached_buffers(self) -> None:  # noqa: B027  (optional hook: most kernels keep nothing)
         """Forget anything kept from past runs' buffers (autotuning's timing buffers)."""
 

@@ -43,10 +43,10 @@ from . import artifacts, cudnn_launch, register_engine
 from .base import Engine, EngineFacts, Kernel, PieceFact
 from .cost import estimate_us
 from .cudnn_lowering import (
-    CANON_BASE,
     GEMM_KINDS,
     PARAM_METHODS,
     Lowering,
+    canonical_extras,
     canonical_uids,
     cudnn_module,
 )
@@ -399,15 +399,32 @@ class CudnnKernel(Kernel):
         self.extras: dict[int, Any] = {}  # the padded form's stand-in UIDs -> their int32 device tensors
         if self.padded is None:
             return None
+        if len(keys) != self.padded.slots or frozenset(views) != self.padded.viewed:
+            return "its operands bind otherwise at this shape than the bucket's plan binds them"
         values = lengths(self.padded, piece, views)
         if isinstance(values, str):
             return values
-        # (a blocking copy, made when the shape's plan is, never at execute or in a capture)
+        if torch.cuda.is_current_stream_capturing():
+            raise ExecutionError(
+                "a new shape's padded cuDNN attention writes its lengths to the device when the shape's plan is "
+                "made, which a CUDA graph capture cannot hold",
+                op=piece.nodes[-1].label(),
+                rule="cudnn.padded_capture",
+                hint="execute the plan once at this shape (or call plan.at(shape)) before capturing it",
+            )
+        # (a blocking copy when the shape's plan is made, at its first execute: it waits for the current
+        # stream's queued work once per new shape, never at a later execute)
         held = torch.tensor(values, dtype=torch.int32, device=self._torch_device)
-        for i, (name, (start, count)) in enumerate(sections(self.padded.batch).items()):
-            self.canon[EXTRA_UIDS[name]] = CANON_BASE + len(keys) + i
+        self.canon.update(canonical_extras(len(keys)))
+        for name, (start, count) in sections(self.padded.batch).items():
             self.extras[EXTRA_UIDS[name]] = held[start : start + count]
         return None
+
+    def detail(self) -> str | None:
+        if self.padded is None:
+            return None
+        q = self.padded.layouts[0]
+        return f"cuDNN's padded form: one plan for the bucket, built at batch {q.dim[0]} x {q.dim[2]} rows"
 
     def at_shape(self, piece: Piece) -> CudnnKernel | None:
         """This padded kernel (its plan built once for the bucket) for the bucket's piece at another
@@ -550,18 +567,14 @@ class CudnnEngine(Engine):
             return []
         count = B_PLANS if mode is HeurMode.B else 1
         numerical, behavior = _notes(piece)
-        form = padded(piece)
-        # (the padded form says so in the config, and at which shape its one plan is built: batch x rows)
-        shown = () if form is None else (("padded", f"{form.batch}x{form.layouts[0].dim[2]}"),)
-        also = "" if form is None else ", in the padded form: one plan for every shape of the bucket"
         return [
             EngineConfig(
                 "cudnn",
-                (("heuristic", "A"), ("plan", i), ("name", name), *shown),
+                (("heuristic", "A"), ("plan", i), ("name", name)),
                 numerical_notes=numerical,
                 behavior_notes=behavior,
                 estimate_us=estimate_us(piece, device),
-                why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic){also}",
+                why=f"cuDNN's plan {i} for heur_mode.A ({mode.name} heuristic)",
             )
             for i, name in enumerate(names[:count])
         ]

@@ -46,6 +46,13 @@ def canonical_uids(piece: Piece, keys: list[int] | None = None) -> dict[int, int
     return {u: CANON_BASE + i for i, u in enumerate(operand_slots(piece)[0] if keys is None else keys)}
 
 
+def canonical_extras(slots: int) -> dict[int, int]:
+    """The padded form's tensors (cudnn_padded.EXTRAS) by their stand-in UIDs -> their UIDs in the cuDNN
+    graph: numbered after the piece's `slots` operands, in EXTRAS order (the lowering declares them so,
+    a kernel binds them so)."""
+    return {EXTRA_UIDS[name]: CANON_BASE + slots + i for i, name in enumerate(EXTRAS)}
+
+
 def _number(node: Node, role: str) -> float:
     """A pointwise parameter, which `_pointwise_problem` made sure is a literal."""
     value = node.input(role)
@@ -106,9 +113,9 @@ class Lowering:
         assert self.padded is not None
         batch = self.padded.batch
         node = next(n for n in self.piece.nodes if n.kind in ATTENTION_KINDS)
-        for i, name in enumerate(EXTRAS):
+        self.canon.update(canonical_extras(len(keys)))
+        for name in EXTRAS:
             rows = batch if name.startswith("seq_len") else batch + 1
-            self.canon[EXTRA_UIDS[name]] = CANON_BASE + len(keys) + i
             self.extras[name] = self.graph.tensor(
                 dim=[rows, 1, 1, 1],
                 stride=[1, 1, 1, 1],
@@ -174,4 +181,13 @@ class Lowering:
             self.tensors[uid] = t
 
 
-__all__ = ["CANON_BASE", "GEMM_KINDS", "PARAM_METHODS", "Lowering", "canonical_uids", "cudnn_module", "cudnn_type"]
+__all__ = [
+    "CANON_BASE",
+    "GEMM_KINDS",
+    "PARAM_METHODS",
+    "Lowering",
+    "canonical_extras",
+    "canonical_uids",
+    "cudnn_module",
+    "cudnn_type",
+]

@@ -6,13 +6,15 @@ the bucket's largest shape with cuDNN's padding mask (per-batch `seq_len_q` / `s
 offsets on Q, K, V and O (each batch's first element, which makes the batch stride a run-time value).
 At a shape (batch b, lengths s_q and s_kv) the first b batches get those lengths and the offsets of
 the shape's layout, the batches past b length 0 (cuDNN reads and writes nothing of them). Those
-values lie in a small int32 device buffer each shape's kernel owns (`lengths`); nothing is built,
-planned or compiled per shape.
+values lie in a small int32 device buffer each shape's kernel owns (`lengths`), written when the
+shape's plan is made; nothing is built, planned or compiled per shape.
 
 It holds where the in-batch layout is the same at every shape: heads and head dims fixed, the strides
 of heads, rows and head dims fixed (the heads of a projection's [batch, seq, heads * dim] output read in
 place, as imported transformers give them), only batch and sequence lengths varying; a forward without
-Stats, a user padding mask, bias, dropout, ALiBi, a sliding window or a bottom-right diagonal.
+Stats, a user padding mask, bias, dropout, ALiBi, a sliding window or a bottom-right diagonal, one op
+alone with its views, q, k and v tensors of their own. The layout is checked at the bucket's smallest
+and largest shapes and the piece's own, and again at each shape a kernel is made for.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from ..core.ir import FinalGraph, Node
 from ..core.piece import Piece
 from ..ops.attention import _Attention
-from .cudnn_sdpa import attention_views
+from .cudnn_sdpa import MOVES, attention_views, operand_slots
 from .shared.views import View
 
 ROLES = ("q", "k", "v", "o")
@@ -54,12 +56,15 @@ class Layout:
 
 @dataclass(frozen=True)
 class PaddedForm:
-    """What the bucket's plan is built at: the piece at the bucket's largest shape, its batch count and
-    its operands' layouts there (role order q, k, v, o)."""
+    """What the bucket's plan is built at: the piece at the bucket's largest shape, its batch count, its
+    operands' layouts there (role order q, k, v, o), and what the plan binds (the count of its operand
+    slots and which of them are views: the same at every shape the plan runs)."""
 
     largest: Piece
     batch: int
     layouts: tuple[Layout, ...]
+    slots: int
+    viewed: frozenset[int]
 
 
 def attention_node(piece: Piece) -> Node | None:
@@ -90,6 +95,11 @@ def padded_problem(piece: Piece, node: Node) -> str | None:
     op = node.op_as(_Attention)
     if node.kind != "sdpa":
         return "the padded form runs forward attention only"
+    other = next((n for n in piece.nodes if n is not node and n.kind not in MOVES), None)
+    if other is not None:
+        return f"the padded form runs one attention op and the views it reads, not {other.label()}"
+    if len({node.input(r) for r in ("q", "k", "v")}) < 3:
+        return "the padded form needs q, k and v to be tensors of their own (each has its ragged offsets)"
     if node.output("stats") is not None:
         return "the padded form writes no Stats (a training forward runs the generated kernel in a bucket)"
     if op.use_padding_mask or op.use_alibi_mask or op.use_causal_mask_bottom_right:
@@ -103,27 +113,29 @@ def padded_problem(piece: Piece, node: Node) -> str | None:
 
 
 def form_of(
-    piece: Piece, node: Node, largest: Piece, views_here: dict[int, View], views_there: dict[int, View]
+    largest: Piece, node: Node, views: dict[int, View], others: list[tuple[Piece, dict[int, View]]]
 ) -> PaddedForm | str:
-    """The padded form for `piece` (at one shape of a bucket) given the same piece at the bucket's
-    largest shape, or why the layouts do not allow it."""
-    here, there = layouts(piece, node, views_here), layouts(largest, node, views_there)
-    for role, a, b in zip(ROLES, here, there):
-        if len(a.dim) != 4:
-            return f"the padded form needs 4-d operands ('{role}' has {len(a.dim)} dims)"
-        if len(b.dim) != 4 or not a.fits(b):
-            return (
-                f"'{role}' changes its layout within the bucket (dims {list(a.dim)} strides {list(a.stride)} here, "
-                f"{list(b.dim)} / {list(b.stride)} at its largest shape): the padded form needs fixed heads and "
-                "in-batch strides"
-            )
+    """The padded form given the piece at the bucket's largest shape (`views`: its attention operands'
+    views) and the same piece at other shapes of the bucket, or why the layouts do not allow it."""
+    there = layouts(largest, node, views)
+    for piece, seen in others:
+        for role, a, b in zip(ROLES, layouts(piece, node, seen), there):
+            if len(a.dim) != 4 or len(b.dim) != 4:
+                return f"the padded form needs 4-d operands ('{role}' has {len(a.dim)} dims)"
+            if not a.fits(b):
+                return (
+                    f"'{role}' changes its layout within the bucket (dims {list(a.dim)} strides {list(a.stride)} "
+                    f"at one shape, {list(b.dim)} / {list(b.stride)} at its largest): the padded form needs fixed "
+                    "heads and in-batch strides"
+                )
     batch = there[0].dim[0]
     for role, b in zip(ROLES, there):
         if b.dim[0] != batch:
             return f"'{role}' has {b.dim[0]} batches where q has {batch}"
         if b.offset + batch * b.stride[0] > _INT32_MAX:
             return f"'{role}' spans more than 2**31 elements at the bucket's largest shape (int32 ragged offsets)"
-    return PaddedForm(largest, batch, there)
+    keys, _ = operand_slots(largest)
+    return PaddedForm(largest, batch, there, len(keys), frozenset(views))
 
 
 def padded_form(piece: Piece) -> PaddedForm | str | None:
@@ -137,20 +149,30 @@ def padded_form(piece: Piece) -> PaddedForm | str | None:
     key = ("cudnn-padded", tuple(id(n) for n in piece.nodes), piece.inputs, piece.outputs)
     memo = piece.graph.memo
     if key not in memo:
-        memo[key] = _form(piece, node, origin.at_largest())
+        memo[key] = _form(piece, node, origin.at_largest(), origin.at_smallest())
     return memo[key]
 
 
-def _form(piece: Piece, node: Node, graph: FinalGraph) -> PaddedForm | str:
+def _form(piece: Piece, node: Node, largest_graph: FinalGraph, smallest_graph: FinalGraph) -> PaddedForm | str:
+    """The form checked at the piece's own shape and at the bucket's smallest, against its largest (the
+    in-batch layout must be the same at all three: an expression of a varying dim is not)."""
     why = padded_problem(piece, node)
     if why is not None:
         return why
     at = piece.graph.node_positions
-    largest = Piece(piece.index, tuple(graph.nodes[at[id(n)]] for n in piece.nodes), piece.inputs, piece.outputs, graph)
-    here, there = attention_views(piece), attention_views(largest)
-    if isinstance(here, str) or isinstance(there, str):
-        return str(here if isinstance(here, str) else there)
-    return form_of(piece, node, largest, here or {}, there or {})
+
+    def moved(graph: FinalGraph) -> Piece:
+        return Piece(
+            piece.index, tuple(graph.nodes[at[id(n)]] for n in piece.nodes), piece.inputs, piece.outputs, graph
+        )
+
+    largest, smallest = moved(largest_graph), moved(smallest_graph)
+    found = [(p, attention_views(p)) for p in (largest, piece, smallest)]
+    for _, views in found:
+        if isinstance(views, str):
+            return views
+    (top, top_views), *others = ((p, v or {}) for p, v in found)
+    return form_of(top, node, top_views, others)  # type: ignore[arg-type]
 
 
 def sections(batch: int) -> dict[str, tuple[int, int]]:
@@ -179,6 +201,9 @@ def lengths(form: PaddedForm, piece: Piece, views: dict[int, View]) -> list[int]
     b = here[0].dim[0]
     if b > form.batch or here[3].dim[0] != b:
         return f"batch {b} is outside the bucket's plan ({form.batch} batches)"
+    for role, a, fixed in zip(ROLES, here, form.layouts):
+        if a.dim[2] > fixed.dim[2]:
+            return f"'{role}' has {a.dim[2]} rows, more than the bucket's plan ({fixed.dim[2]})"
     spans = sections(form.batch)
     values = [0] * sum(-(-c // _ALIGN) * _ALIGN for _, c in spans.values())
     per_role = dict(zip(ROLES, here))
@@ -191,6 +216,8 @@ def lengths(form: PaddedForm, piece: Piece, views: dict[int, View]) -> list[int]
             step = per_role[name.removeprefix("ragged_")].stride[0]
             got = [min(i, b) * step for i in range(count)]
         values[start : start + count] = got
+    if max(values) > _INT32_MAX:
+        return "a ragged offset at this shape passes 2**31 elements (int32 offsets)"
     return values
 
 

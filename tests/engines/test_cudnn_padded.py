@@ -132,6 +132,78 @@ def test_cudnn_leads_on_bucket_attention_in_the_padded_form_worth_its_launch():
     assert PieceFact.ONE_PLAN_PER_BUCKET not in cudnn.facts(bhsd, H200).facts and not POLICY.leads(bhsd, cudnn, H200)
 
 
+def test_queries_and_keys_of_other_lengths_get_their_own_lengths():
+    """Cross attention over two sequence dims: seq_len_q from q's rows, seq_len_kv from k's."""
+    b, sq, skv = og.Dim("batch", 2, 8), og.Dim("sq", 17, 512), og.Dim("skv", 65, 1024)
+    g = og.Graph("cross", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+
+    def bshd(s, h):
+        return [s * h * D, D, h * D, 1]
+
+    q = g.tensor(dim=[b, HQ, sq, D], stride=bshd(sq, HQ), name="q")
+    k, v = (g.tensor(dim=[b, HK, skv, D], stride=bshd(skv, HK), name=n) for n in "kv")
+    o, _ = g.sdpa(q, k, v, attn_scale=D**-0.5, generate_stats=False, name="attention")
+    o.set_output(True).set_stride(bshd(sq, HQ))
+    piece = piece_at(g, {"batch": 3, "sq": 40, "skv": 300})
+    form = padded_form(piece)
+    assert isinstance(form, PaddedForm), form
+    got = lengths(form, piece, attention_views(piece) or {})
+    spans = sections(form.batch)
+    seq_q, seq_kv = (got[spans[n][0] : spans[n][0] + spans[n][1]] for n in ("seq_len_q", "seq_len_kv"))
+    assert seq_q == [40] * 3 + [0] * 5 and seq_kv == [300] * 3 + [0] * 5
+
+
+def test_a_layout_that_differs_only_at_the_bucket_s_smallest_shape_is_declined():
+    """[batch, heads, seq, dim] over seq 1020-1024: the hint rounds to the largest shape, where the layouts
+    agree; the smallest shape's heads stride differs, and the form is declined there."""
+    why = padded_form(piece_at(heads_graph(False, "bhsd", batch=(2, 4), seq=(1020, 1024)), {"batch": 4, "seq": 1024}))
+    assert isinstance(why, str) and "changes its layout" in why, why
+
+
+def test_an_op_beside_the_attention_or_one_tensor_for_q_k_v_is_declined():
+    b, s = og.Dim("batch", 2, 16), og.Dim("seq", 257, 2048)
+    g = og.Graph("relu_after", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q, k, v = (
+        g.tensor(dim=[b, h, s, D], stride=[s * h * D, D, h * D, 1], name=n)
+        for n, h in (("q", HQ), ("k", HK), ("v", HK))
+    )
+    o, _ = g.sdpa(q, k, v, attn_scale=D**-0.5, generate_stats=False, name="attention")
+    g.relu(o).set_output(True)
+    why = padded_form(piece_at(g))
+    assert isinstance(why, str) and "one attention op" in why, why
+    g = og.Graph("self", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    x = g.tensor(dim=[b, HQ, s, D], stride=[s * HQ * D, D, HQ * D, 1], name="x")
+    g.sdpa(x, x, x, attn_scale=D**-0.5, generate_stats=False, name="attention")[0].set_output(True)
+    why = padded_form(piece_at(g))
+    assert isinstance(why, str) and "tensors of their own" in why, why
+
+
+def test_a_stride_along_an_axis_of_one_element_may_change():
+    """One key/value head whose heads stride is seq x dim (never stepped): the form holds; its ragged
+    offsets step by the batch stride."""
+    b, s = og.Dim("batch", 2, 16), og.Dim("seq", 257, 2048)
+    g = og.Graph("mqa", io_data_type=DT.BFLOAT16, intermediate_data_type=DT.FLOAT)
+    q = g.tensor(dim=[b, HQ, s, D], stride=[s * HQ * D, D, HQ * D, 1], name="q")
+    k, v = (g.tensor(dim=[b, 1, s, D], stride=[s * D, s * D, D, 1], name=n) for n in "kv")
+    o, _ = g.sdpa(q, k, v, attn_scale=D**-0.5, generate_stats=False, use_causal_mask=True, name="attention")
+    o.set_output(True).set_stride([s * HQ * D, D, HQ * D, 1])
+    piece = piece_at(g, {"batch": 3, "seq": 300})
+    form = padded_form(piece)
+    assert isinstance(form, PaddedForm), form
+    got = lengths(form, piece, attention_views(piece) or {})
+    start, count = sections(16)["ragged_k"]
+    assert got[start : start + count] == [min(i, 3) * 300 * D for i in range(17)]
+
+
+def test_a_bucket_whose_dims_the_attention_reads_do_not_vary_is_not_padded():
+    from opgraph.core.bucket import Bucket
+
+    final = heads_graph().final
+    fixed = Bucket(0, (("batch", 4, 4), ("seq", 512, 512)), (("batch", 4), ("seq", 512)))
+    at = final.in_bucket({"batch": 4, "seq": 512}, fixed)
+    assert padded_form(make_piece(at, 0, at.nodes)) is None
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
@@ -150,7 +222,7 @@ def test_one_padded_plan_runs_every_shape_of_the_bucket_on_cuda():
         at = plan.at({"batch": b, "seq": s})
         (step,) = at.steps
         assert step.config.engine == "cudnn" and step.kernel.padded is not None, at.describe()
-        assert dict(step.config.knobs)["padded"] == "4x320" and "padded=4x320" in at.describe()
+        assert "padded form: one plan for the bucket, built at batch 4 x 320 rows" in at.describe()
     assert plan.stats["shape_builds"] == 0 and plan.stats["shape_kernels"] == 0, plan.stats
 
     b, s = 3, 211
@@ -214,7 +286,9 @@ def test_the_lowering_declares_the_lengths_and_ragged_offsets_at_the_largest_sha
     import sys
     import types
 
-    from opgraph.engines.cudnn_lowering import CANON_BASE, Lowering
+    from opgraph.engines.cudnn_lowering import CANON_BASE, Lowering, canonical_extras
+    from opgraph.engines.cudnn_padded import EXTRA_UIDS
+    from opgraph.engines.cudnn_sdpa import operand_slots
 
     kinds = types.SimpleNamespace(BFLOAT16="bf16", HALF="f16", FLOAT="f32", INT32="i32")
     fake = types.SimpleNamespace(
@@ -224,7 +298,8 @@ def test_the_lowering_declares_the_lengths_and_ragged_offsets_at_the_largest_sha
     form = padded_form(piece_at(heads_graph(), {"batch": 5, "seq": 611}))
     assert isinstance(form, PaddedForm)
     lowered = Lowering(form.largest, handle=None, padded=form)
-    keys = [u for u in lowered.canon if u >= 0]
+    keys, _ = operand_slots(form.largest)
+    assert form.slots == len(keys) and canonical_extras(len(keys)) == {u: lowered.canon[u] for u in EXTRA_UIDS.values()}
     extras = lowered.extras
     assert list(extras) == list(EXTRAS)
     for i, name in enumerate(EXTRAS):
