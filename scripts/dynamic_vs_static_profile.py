@@ -1,8 +1,9 @@
 """Device time of the serving benchmark's Llama at one shape: the dynamic plan's plan of that shape against
 a static plan built for it, by engine and template, and the matched pieces that differ most.
 
-    python scripts/dynamic_vs_static_profile.py      # H200: bench/serving.py's model, batch 13 x 1569
-    python scripts/dynamic_vs_static_profile.py      # CPU: its dry-run model at 3 x 33 (wiring only)
+    python scripts/dynamic_vs_static_profile.py          # H200: bench/serving.py's model, batch 13 x 1569
+    python scripts/dynamic_vs_static_profile.py 3x20     # H200: another batch x sequence
+    python scripts/dynamic_vs_static_profile.py          # CPU: its dry-run model at 3 x 33 (wiring only)
 
 Each plan's steps are timed alone (ExecutionPlan.profile_steps: the device idle before each step);
 pieces are matched by their nodes' names. Issue 42's target is a request's device time within 10% of the
@@ -23,7 +24,8 @@ from bench.serving import _config, _ids, _model
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 cfg = _config(dev == "cpu")
 m = _model(cfg, dev, torch.bfloat16 if dev == "cuda" else torch.float32)
-shape = (13, 1569) if dev == "cuda" else (3, 33)
+given = next((a for a in sys.argv[1:] if "x" in a), None)
+shape = tuple(int(v) for v in given.split("x")) if given else ((13, 1569) if dev == "cuda" else (3, 33))
 ids = _ids(0, shape, cfg["vocab"], dev)
 ex = _ids(-1, (2, cfg["seq"][0] + 1), cfg["vocab"], dev)
 dims = {0: Dim("batch", min=1, max=cfg["batch"]), 1: Dim("seq", min=cfg["seq"][0], max=cfg["seq"][1])}
