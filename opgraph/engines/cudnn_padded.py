@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..core.ir import FinalGraph, Node
 from ..core.piece import Piece
-from ..ops.attention import _Attention
+from ..ops.attention import _Attention, extensions
 from .cudnn_sdpa import MOVES, attention_views, operand_slots
 from .shared.views import View
 
@@ -106,6 +106,8 @@ def padded_problem(piece: Piece, node: Node) -> str | None:
         return "the padded form takes no padding mask of the op's own, ALiBi or bottom-right diagonal"
     if op.sliding_window_length is not None:
         return "the padded form takes no sliding window"
+    if extensions(node) or op.score_mod is not None or op.dropout_probability is not None:
+        return "the padded form takes no packed or paged operands, sinks, score modifier or dropout"
     for role in ("bias", "dropout_mask", "seq_len_q", "seq_len_kv"):
         if role in op.input_roles() and node.input(role) is not None:
             return f"the padded form takes no {role}"
