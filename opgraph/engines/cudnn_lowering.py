@@ -15,7 +15,7 @@ from ..core.ir import Const, Node
 from ..core.piece import Piece
 from ..ops.pointwise import Pointwise
 from ..ops.reduction import Reduction
-from .cudnn_padded import EXTRA_UIDS, EXTRAS, PaddedForm
+from .cudnn_padded import EXTRA_UIDS, EXTRAS, PaddedForm, sections
 from .cudnn_sdpa import ATTENTION_KINDS, MOVES, lower_attention, operand_slots, scalar_uids
 
 GEMM_KINDS = frozenset({"conv_fprop", "conv_dgrad", "conv_wgrad", "matmul"})
@@ -72,7 +72,6 @@ class Lowering:
     def __init__(self, piece: Piece, handle: Any, padded: PaddedForm | None = None) -> None:
         self.cudnn = cudnn = cudnn_module()
         self.piece = piece
-        self.padded = padded
         self.graph = cudnn.pygraph(
             name=f"opgraph_piece_{piece.index}",
             io_data_type=cudnn.data_type.HALF,
@@ -103,19 +102,16 @@ class Lowering:
                 self.by_value.append(uid)
         self.extras: dict[str, Any] = {}
         if padded is not None:
-            self._declare_padding(keys)
+            self._declare_padding(padded, keys)
         for node in piece.nodes:
             self._node(node)
 
-    def _declare_padding(self, keys: list[int]) -> None:
+    def _declare_padding(self, padded: PaddedForm, keys: list[int]) -> None:
         """The padded form's int32 lengths and ragged offsets (cudnn_padded), numbered after the piece's
         operands, the offsets set on q, k and v (o's once the sdpa made it)."""
-        assert self.padded is not None
-        batch = self.padded.batch
         node = next(n for n in self.piece.nodes if n.kind in ATTENTION_KINDS)
         self.canon.update(canonical_extras(len(keys)))
-        for name in EXTRAS:
-            rows = batch if name.startswith("seq_len") else batch + 1
+        for name, (_, rows) in sections(padded.batch).items():
             self.extras[name] = self.graph.tensor(
                 dim=[rows, 1, 1, 1],
                 stride=[1, 1, 1, 1],

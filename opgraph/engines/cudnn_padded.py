@@ -177,13 +177,17 @@ def _form(piece: Piece, node: Node, largest_graph: FinalGraph, smallest_graph: F
     return form_of(top, node, top_views, others)  # type: ignore[arg-type]
 
 
+def _aligned(count: int) -> int:
+    return -(-count // _ALIGN) * _ALIGN
+
+
 def sections(batch: int) -> dict[str, tuple[int, int]]:
     """Where each extra lies in the lengths buffer: (first int32, count)."""
     out, at = {}, 0
     for name in EXTRAS:
         count = batch if name.startswith("seq_len") else batch + 1
         out[name] = (at, count)
-        at += -(-count // _ALIGN) * _ALIGN
+        at += _aligned(count)
     return out
 
 
@@ -197,17 +201,17 @@ def lengths(form: PaddedForm, piece: Piece, views: dict[int, View]) -> list[int]
     for role, uid, a, fixed in zip(ROLES, role_uids(node), here, form.layouts):
         if not a.fits(fixed):
             return f"'{role}' has another in-batch layout at this shape ({list(a.dim)} / {list(a.stride)})"
+        if a.dim[2] > fixed.dim[2]:
+            return f"'{role}' has {a.dim[2]} rows, more than the bucket's plan ({fixed.dim[2]})"
         itemsize = piece.tensor(views[uid].base if uid in views else uid).data_type.itemsize
         if (a.stride[0] * itemsize) % 16 and a.dim[0] > 1:
             return f"'{role}''s batch stride {a.stride[0]} is not 16-byte aligned"
     b = here[0].dim[0]
     if b > form.batch or here[3].dim[0] != b:
         return f"batch {b} is outside the bucket's plan ({form.batch} batches)"
-    for role, a, fixed in zip(ROLES, here, form.layouts):
-        if a.dim[2] > fixed.dim[2]:
-            return f"'{role}' has {a.dim[2]} rows, more than the bucket's plan ({fixed.dim[2]})"
     spans = sections(form.batch)
-    values = [0] * sum(-(-c // _ALIGN) * _ALIGN for _, c in spans.values())
+    last_start, last_count = spans[EXTRAS[-1]]
+    values = [0] * (last_start + _aligned(last_count))
     per_role = dict(zip(ROLES, here))
     for name, (start, count) in spans.items():
         if name == "seq_len_q":

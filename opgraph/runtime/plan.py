@@ -291,10 +291,9 @@ class ExecutionPlan:
         for step in self.steps:
             p = step.piece
             lines.append(f"  step {step.index}: {step.config}")
-            detail = getattr(step.kernel, "detail", None)  # (kernels of Kernel's protocol; fakes may lack it)
-            said = detail() if detail is not None else None
-            if said:
-                lines.append(f"      {said}")
+            detail = step.kernel.detail()
+            if detail:
+                lines.append(f"      {detail}")
             for n in p.nodes:
                 lines.append(f"      {n.render(g.tensors)}")
             ins = ", ".join(f"%{u}" for u in p.inputs)
