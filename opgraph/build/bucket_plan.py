@@ -36,13 +36,14 @@ from ..core.ir import FinalGraph
 from ..core.piece import Piece
 from ..engines import get_engine
 from ..engines.base import Engine, Kernel
-from . import split_kv
+from . import split_kv, tile_variants
 from .autotune import TuningCache
 from .compile import compile_steps
 from .heuristics import rank_configs
 from .options import BuildOptions
 from .partition import Cut
 from .planner import Schedule, Step, all_by_reference, choose_step, plan_steps, sessions, usable_engines
+from .tile_variants import TileChoice
 
 log = logging.getLogger("opgraph.build")
 
@@ -56,9 +57,13 @@ class BucketSchedule:
     schedule: Schedule
     positions: tuple[tuple[int, ...], ...]  # per step, its nodes' indices in graph.nodes
     cut_positions: tuple[int, ...]  # per cut, its node's index
-    # (step index, config) -> the bucket's kernel of another config a shape chose (split_kv.at_shape),
-    # generated once; filled under the dynamic plan's lock
+    # (step index, config) -> the bucket's kernel of another config a shape chose (split_kv.at_shape,
+    # tile_variants), generated once; filled under the dynamic plan's lock
     variants: dict[tuple[int, Any], Kernel] = field(default_factory=dict, compare=False, repr=False)
+    # step index -> the tile variants the step carries (tile_variants.offer), compiled with the bucket's
+    # first shape (then `tiles_compiled`); a variant whose kernel fails to compile is dropped
+    tiles: dict[int, TileChoice] = field(default_factory=dict, compare=False, repr=False)
+    tiles_compiled: list[bool] = field(default_factory=lambda: [False], compare=False, repr=False)
 
     def variant(self, step: Step, config: EngineConfig) -> Kernel:
         """The bucket's kernel of `config` for `step` (generated from the bucket's piece once, uncompiled:
@@ -75,11 +80,19 @@ def plan_bucket(graph: FinalGraph, bucket: Bucket, options: BuildOptions) -> Buc
     hint = graph.in_bucket(bucket.hint_map, bucket)
     schedule = plan_steps(hint, options, compile="lazy")
     where = {id(n): i for i, n in enumerate(schedule.graph.nodes)}
+    opts = BuildOptions.of(options)
+    tiles = {}
+    with sessions(usable_engines(opts.engines, schedule.device)):
+        for step in schedule.steps:
+            choice = tile_variants.offer(step.piece, step.config, schedule.device, opts.filters)
+            if choice is not None:
+                tiles[step.index] = choice
     return BucketSchedule(
         bucket,
         schedule,
         tuple(tuple(where[id(n)] for n in s.piece.nodes) for s in schedule.steps),
         tuple(where[id(c.node)] for c in schedule.cuts),
+        tiles=tiles,
     )
 
 
@@ -92,8 +105,13 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
     dev = base.device
     usable = usable_engines(opts.engines, dev)
     # (resplit: the step indices; rebuilt: steps whose engine built their kernel again at the shape)
-    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": [], "rebuilt": 0}
+    # (retiled: the steps running a tile variant; variant_kernels: the variants' kernels compiled with the
+    # bucket's first shape, at this shape, that a shape's plan does not run)
+    stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": [], "retiled": [], "rebuilt": 0}
+    env = graph.origin.env if graph.origin is not None else {}
     steps = []
+    extra: list[Step] = []  # (the tile variants this shape compiles and does not run)
+    first = not planned.tiles_compiled[0]
     with sessions(usable):
         for step, where in zip(base.steps, planned.positions):
             piece = Piece(
@@ -101,13 +119,23 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
             )
             config, kernel = step.config, step.kernel
             resplit = split_kv.at_shape(piece, config, step.alternatives, dev, step.piece)
+            tiles = planned.tiles.get(step.index)
             if resplit is not None and opts.filters.rejects(resplit) is None:
                 log.debug("  %s: split-KV at this shape: %s (the bucket's: %s)", piece.label(), resplit, config)
                 config, kernel = resplit, planned.variant(step, resplit)
+            elif tiles is not None and (tiled := tiles.at(env)) is not None:
+                log.debug("  %s: tile variant at this shape: %s (the bucket's: %s)", piece.label(), tiled, config)
+                config, kernel = tiled, planned.variant(step, tiled)
+            if first and tiles is not None:
+                for variant in tiles.variants:
+                    if variant is not config:
+                        at = get_engine(variant.engine).kernel_at(planned.variant(step, variant), piece, dev)
+                        if at is not None:
+                            extra.append(Step(step.index, piece, variant, at, (step.config,)))
             shaped_kernel = get_engine(config.engine).kernel_at(kernel, piece, dev)
             if shaped_kernel is not None and opts.filters.rejects_kernel(shaped_kernel) is None:
                 if config is not step.config:
-                    stats["resplit"].append(step.index)
+                    stats["resplit" if config is resplit else "retiled"].append(step.index)
                 stats["rebuilt"] += not shaped_kernel.repointed
                 if config is step.config:
                     alternatives = step.alternatives  # (the bucket's tuple: no object per shape)
@@ -123,7 +151,7 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
                 log.info("  %s: no engine runs it at this shape (%s): the shape is planned anew", piece.label(), err)
                 whole = plan_steps(graph, opts)
                 return dataclasses.replace(whole, stats={**whole.stats, "replanned": True})
-        steps, stats["compile"] = compile_steps(steps, dev, opts.compile)
+        steps, stats["compile"] = _compile_with_variants(planned, steps, extra, dev, opts.compile, stats)
     return Schedule(shaped, dev, tuple(steps), ShapedCuts(base.cuts, planned.cut_positions, shaped), stats)
 
 
@@ -154,6 +182,29 @@ class ShapedCuts(Sequence[Cut]):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
         return dataclasses.replace(self._cuts[i], node=self._graph.nodes[self._positions[i]])
+
+
+def _compile_with_variants(
+    planned: BucketSchedule, steps: list[Step], extra: list[Step], dev: Device, mode: str, stats: dict[str, Any]
+) -> tuple[list[Step], dict[str, Any]]:
+    """Compile the shape's steps and, at the bucket's first shape, its tile variants' kernels too (`extra`:
+    the variants no step of this shape runs), so that no later shape compiles one; a variant whose kernel
+    fails to compile is dropped from its step's choice. stats["variant_kernels"]: the variants' kernels."""
+    wanted = [*steps, *extra]
+    compiled, report = compile_steps(wanted, dev, mode)
+    for i, (want, got) in enumerate(zip(wanted, compiled)):
+        if got.config is not want.config and (i >= len(steps) or want.index in stats["retiled"]):
+            log.info("  step %d: tile variant %s did not compile: dropped", want.index, want.config)
+            choice = planned.tiles.get(want.index)
+            if choice is not None:
+                smaller = choice.without(want.config)
+                if smaller is None:
+                    planned.tiles.pop(want.index)
+                else:
+                    planned.tiles[want.index] = smaller
+    stats["variant_kernels"] = [s.kernel for s in extra]
+    planned.tiles_compiled[0] = True
+    return compiled[: len(steps)], report
 
 
 def _rechoose(

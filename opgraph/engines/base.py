@@ -285,6 +285,21 @@ class Engine(ABC):
             return None
         return self.compile(piece, c, device)
 
+    def configs_at(self, piece: Piece, device: Device, env: Mapping[str, int]) -> list[EngineConfig]:
+        """For a piece of a dynamic plan's bucket (at the bucket's hint): its configs whose one kernel
+        serves every shape of the bucket (re-pointed by `kernel_at`), ranked and estimated (`estimate_us`)
+        at the bucket's shape `env` (the dynamic dims' values), best first: where a bucket's step may run
+        another tile at some of its shapes (build/tile_variants.py). The default: none."""
+        return []
+
+    def estimator(
+        self, piece: Piece, config: EngineConfig, device: Device
+    ) -> Callable[[Mapping[str, int]], float | None] | None:
+        """For a piece of a dynamic plan's bucket (at its hint) and a config whose kernel serves the whole
+        bucket: the estimate (µs) of that kernel at any shape of the bucket (`env`), cheap enough to ask
+        at every new shape (the analysis made once, here). None (the default): no estimate."""
+        return None
+
     def session(self) -> AbstractContextManager[None]:
         """The span of one build (partition, ranking, compilation): what the engine learns about the
         build's pieces may be kept within it and must be dropped when it ends, so that no cache outlives

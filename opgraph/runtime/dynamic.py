@@ -28,7 +28,8 @@ layout and the binding are the shape's. `stats` counts buckets planned, per-shap
 config was chosen again at a shape (`rechosen`), steps whose split-KV a shape decided anew
 (`resplits`), shapes planned anew (`replans`), steps of a shape whose engine built their kernel
 again rather than re-pointing the bucket's (`shape_builds`: a cuDNN plan, a kernel with its sizes
-compiled in) and workspace growths (`workspace_grown`).
+compiled in), steps running a tile variant of their bucket (`retiles`: build/tile_variants.py) and
+workspace growths (`workspace_grown`).
 
 The shared workspace makes a thread's executes of different shapes share scratch, as a static plan's
 executes share its workspace: a thread that runs shapes on several streams at once (or replays CUDA
@@ -42,7 +43,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,7 @@ class DynamicPlan(ExecutionPlan):
             "shape_plans": 0,
             "rechosen": 0,
             "resplits": 0,
+            "retiles": 0,
             "replans": 0,
             "evictions": 0,
             "kernels": 0,
@@ -293,6 +295,8 @@ class DynamicPlan(ExecutionPlan):
         self.stats["shape_builds"] += schedule.stats.get("rebuilt", 0)
         resplit = set(schedule.stats.get("resplit", ()))
         self.stats["resplits"] += len(resplit)
+        retiled = set(schedule.stats.get("retiled", ()))
+        self.stats["retiles"] += len(retiled)
         self.stats["replans"] += int(bool(schedule.stats.get("replanned")))
         plan = ExecutionPlan.from_schedule(schedule)
         self.stats["shape_plans"] += 1
@@ -309,7 +313,8 @@ class DynamicPlan(ExecutionPlan):
             len(plan.steps),
             compiled,
         )
-        self._note_kernels(plan, shape, bucket.index, resplit)
+        self._note_variants(schedule.stats.get("variant_kernels", ()), shape, bucket.index)
+        self._note_kernels(plan, shape, bucket.index, resplit, retiled)
         self._plans[values] = plan
         while len(self._plans) > self.shape_plans:
             dropped, _ = self._plans.popitem(last=False)
@@ -322,11 +327,38 @@ class DynamicPlan(ExecutionPlan):
             )
         return plan
 
-    def _note_kernels(self, plan: ExecutionPlan, shape: Mapping[str, int], bucket: int, resplit: set[int]) -> None:
+    def _note_variants(self, kernels: Sequence[Any], shape: Mapping[str, int], bucket: int) -> None:
+        """Count the tile variants' kernels compiled with a bucket's first shape (build/tile_variants.py)
+        as the bucket's, so that the shape that first runs one compiles nothing new."""
+        seen, every = self._sources.setdefault(bucket, set()), self._every
+        for kernel in kernels:
+            source = kernel.source()
+            if source is None:
+                continue
+            digest = self._digest(source, kernel.config.knobs)
+            seen.add(digest)
+            if digest in every:
+                continue
+            every.add(digest)
+            self.stats["kernels"] += 1
+            if self._built:
+                self.stats["runtime_compiles"] += 1
+                log.info(
+                    "plan '%s' step %d: new kernel for %s (bucket %d, a tile variant compiled with the bucket)",
+                    printable(self.graph.name),
+                    kernel.piece.index,
+                    _shape_text(shape),
+                    bucket,
+                )
+
+    def _note_kernels(
+        self, plan: ExecutionPlan, shape: Mapping[str, int], bucket: int, resplit: set[int], retiled: set[int]
+    ) -> None:
         """Count the plan's kernel sources new to the plan (and to its bucket), logging each one met at
         run time with the shape that caused it. A new source of a step and config the bucket compiled
         before is a kernel per shape (its sizes compiled in); `resplit`: the steps running another split
-        than the bucket's (split_kv.at_shape: a kernel of the bucket too, compiled once for it)."""
+        than the bucket's (split_kv.at_shape: a kernel of the bucket too, compiled once for it);
+        `retiled`: those running a tile variant (build/tile_variants.py: compiled with the bucket)."""
         seen = self._sources.setdefault(bucket, set())
         configs = self._configs.setdefault(bucket, set())
         every = self._every
@@ -353,6 +385,8 @@ class DynamicPlan(ExecutionPlan):
                 why = ", a kernel per shape: its sizes are compiled in"
             elif i in resplit:
                 why = f", its split-KV at this shape: SPLIT={step.config.knob('SPLIT') or 0}"
+            elif i in retiled:
+                why = ", its tile variant at this shape"
             else:
                 why = ""
             log.info(
@@ -537,6 +571,8 @@ class DynamicPlan(ExecutionPlan):
             "shape(s) planned anew (stats: bucket_plans, rechosen, replans)",
             f"  split-KV decided at each shape: {st['resplits']} step(s) of a shape's plan with another split than "
             "its bucket's (stats: resplits)",
+            f"  tiles decided at each shape: {st['retiles']} step(s) of a shape's plan running a tile variant "
+            "compiled with its bucket (stats: retiles)",
         ]
         return lines
 

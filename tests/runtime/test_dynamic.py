@@ -115,6 +115,11 @@ def test_describe_says_dynamic_dims_cache_and_shapes():
     )
     k += 1
     assert lines[k] == (
+        "  tiles decided at each shape: 0 step(s) of a shape's plan running a tile variant compiled with its "
+        "bucket (stats: retiles)"
+    )
+    k += 1
+    assert lines[k] == (
         "  per-shape plans: 3 cached of at most 3 (least recently used dropped first); built 4, dropped 1, "
         "0 of their steps built again rather than re-pointed (stats: shape_plans=4, evictions=1, shape_builds=0)"
     )

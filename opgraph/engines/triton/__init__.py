@@ -10,7 +10,7 @@ import functools
 import importlib.util
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -429,6 +429,9 @@ class TritonEngine(Engine):
             for k in ordered:
                 picked.setdefault(notes[k], k)
             candidates = list(picked.values()) + (policy if mode is HeurMode.A else [])
+        return self._configs(match, candidates, device, f"{mode.name} heuristic")
+
+    def _configs(self, match: Match[Any], candidates: Iterable[Knobs], device: Device, why: str) -> list[EngineConfig]:
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
@@ -439,13 +442,45 @@ class TritonEngine(Engine):
             EngineConfig(
                 "triton",
                 (("template", name), *k.pairs()),
-                numerical_notes=notes[k],
+                numerical_notes=frozenset(match.notes(k)),
                 behavior_notes=frozenset(behavior),
                 estimate_us=estimate(match, k),
-                why=f"{name} template, {mode.name} heuristic",
+                why=f"{name} template, {why}",
             )
             for k in candidates
         ]
+
+    def configs_at(self, piece: Piece, device: Device, env: Mapping[str, int]) -> list[EngineConfig]:
+        """The bucket piece's template ranking its configs at the bucket's shape `env` (Match.focused),
+        without the broadest fallback; estimates only on CUDA."""
+        if not device.is_cuda:
+            return []
+        match, _ = self.match(piece, device)
+        focused = match.focused(env) if match is not None else None
+        if focused is None:
+            return []
+        where = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+        return self._configs(focused, focused.candidates()[:-1], device, f"ranked at {where} of its bucket")
+
+    def estimator(
+        self, piece: Piece, config: EngineConfig, device: Device
+    ) -> Callable[[Mapping[str, int]], float | None] | None:
+        """The bucket piece's match (analysed once, here) estimating `config` at a shape of the bucket, where
+        its template has that notion (Match.focused) and the config's kernel serves the whole bucket."""
+        if not device.is_cuda or config.engine != self.name:
+            return None
+        match, _ = self.match(piece, device)
+        if match is None or match.template.name != config.knob("template"):
+            return None
+        if match.focused(piece.graph.origin.env if piece.graph.origin else {}) is None:
+            return None
+        knobs = match.knobs({k: v for k, v in config.knobs if k != "template"})
+
+        def at(env: Mapping[str, int]) -> float | None:
+            focused = match.focused(env)
+            return None if focused is None else estimate(focused, knobs)
+
+        return at
 
     def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
         """A kernel taking its sizes at run time serves the piece at every shape of its bucket (its

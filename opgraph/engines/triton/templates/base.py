@@ -246,6 +246,12 @@ class Match(ABC, Generic[K]):
         """Launches a config makes, for the generic estimate."""
         return 1
 
+    def focused(self, env: Mapping[str, int]) -> Match[K] | None:
+        """For a piece of a dynamic plan's bucket: this match ranking and estimating its configs at the shape
+        `env` of the bucket (the dynamic dims' values), only those whose one kernel serves every shape of
+        the bucket (a bucket's tile variants: build/tile_variants.py). None (the default): no such choice."""
+        return None
+
     @abstractmethod
     def generate(self, knobs: K) -> Generated: ...
 

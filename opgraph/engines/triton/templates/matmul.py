@@ -34,6 +34,8 @@ Llama block's output projection, N > BLOCK_N) laid out for the bucket's largest 
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -171,6 +173,7 @@ class BucketSample(NamedTuple):
 
 class MatmulMatch(TileMatch):
     template: MatmulTemplate
+    focus: BucketSample | None = None  # (`focused`: the shape of its bucket the match ranks at)
 
     @cached_property
     def problem(self) -> tuple[int, int, int, int]:
@@ -229,10 +232,15 @@ class MatmulMatch(TileMatch):
         side by side, each program's tile BLOCK_N wide in each; at another shape of the piece's bucket
         where `sample` says which (bucket_samples), else at the piece's own."""
         m, n, k, elem = self.problem
-        nbatch = self.gp.space.nbatch
-        moved = self.gp.moved_bytes() if moved_bytes is None else moved_bytes
+        sample = sample or self.focus
         if sample is not None:
             m, n, nbatch, moved = sample
+        else:
+            nbatch, moved = self.gp.space.nbatch, None
+        if moved_bytes is not None:
+            moved = moved_bytes
+        elif moved is None:
+            moved = self.gp.moved_bytes()
         width = len(self.gp.mains)
         return estimate_us(
             m,
@@ -259,14 +267,30 @@ class MatmulMatch(TileMatch):
             {name: min(hi, max(lo, round(lo ** (1 - t) * hi**t))) for name, (lo, hi) in ranges.items()}
             for t in (i / (BUCKET_SAMPLES - 1) for i in range(BUCKET_SAMPLES))
         ]
-        moved = gp.moved_bytes()  # (an expression of the dynamic dims)
-        space = gp.space
-        return tuple(
-            BucketSample(
-                evaluate(space.m, env), evaluate(space.n, env), evaluate(space.nbatch, env), evaluate(moved, env)
-            )
-            for env in envs
-        )
+        return tuple(self.sample_at(env) for env in envs)
+
+    def sample_at(self, env: Mapping[str, int]) -> BucketSample:
+        """The bucket's product at its shape `env` (the dynamic dims' values; `bucket` is not None)."""
+        m, n, nbatch, moved = self._bucket_exprs
+        return BucketSample(evaluate(m, env), evaluate(n, env), evaluate(nbatch, env), evaluate(moved, env))
+
+    @cached_property
+    def _bucket_exprs(self) -> tuple[Expr | int, Expr | int, Expr | int, Expr | int]:
+        """M, N, batch programs and moved bytes of the bucket's product: expressions of the dynamic dims."""
+        assert self.bucket is not None
+        gp = self.bucket[0]
+        return gp.space.m, gp.space.n, gp.space.nbatch, gp.moved_bytes()
+
+    def focused(self, env: Mapping[str, int]) -> MatmulMatch | None:
+        """This bucket piece's match with its candidates and estimates at one shape `env` of its bucket, and
+        only the configs whose one kernel serves the whole bucket (`sized_knobs`): a bucket's tile variants
+        (build/tile_variants.py). None off a bucket."""
+        if self.bucket is None:
+            return None
+        sample = self.sample_at(env)
+        focused = copy.copy(self)
+        focused.__dict__.update(focus=sample, bucket_samples=(sample,), problem=(sample.m, sample.n, *self.problem[2:]))
+        return focused
 
     def _weighed(self, c: TileKnobs) -> float:
         """A config's estimate where the build ranks it: at the piece's shape, or for a bucket's piece (one
@@ -287,10 +311,10 @@ class MatmulMatch(TileMatch):
             m,
             n * width,
             k,
-            nprog=gp.space.nbatch,
+            nprog=gp.space.nbatch if self.focus is None else self.focus.nbatch,
             device=device,
             elem_bytes=elem,
-            moved_bytes=gp.moved_bytes(),
+            moved_bytes=gp.moved_bytes() if self.focus is None else self.focus.moved_bytes,
             extra=extra,
         )
         if self.bucket_samples:  # (a bucket's tiles are weighed across it: its largest shape's offered too)
@@ -333,6 +357,8 @@ class MatmulMatch(TileMatch):
         if width > 1:  # Triton's flattened loop pipelines two products' dots badly (a fifth slower at Llama's
             # SwiGLU: bench/results/triton-preferences.md#sibling-products)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
+        if self.focus is not None:
+            configs = [c for c in configs[:-1] if self.template.sized_knobs(c)] + configs[-1:]
         return finish_candidates(configs, gp, device, extra)
 
     def _per_shape(self, c: TileKnobs) -> bool:
