@@ -385,13 +385,14 @@ def check_re_pointed(plan, shapes, rng: np.random.Generator, template: str, monk
 def check_one_sized_kernel(plan, shapes, rng: np.random.Generator, template: str, run=None) -> None:
     """Run the dynamic plan at each shape of `shapes` (`run(plan, env, rng)`, default run_at_shape) and
     check that its one `template` step is the same sized kernel at all of them: one source taking the
-    sizes at run time (and, on a GPU, one binary) for the bucket."""
-    modules = set()
+    sizes at run time (and, on a GPU, one binary) for the bucket, or for each of its tiles (a GPU's
+    bucket may run a tile variant at its small shapes: build/tile_variants.py)."""
+    modules: dict[object, set[int]] = {}
     for env in shapes:
         (run or run_at_shape)(plan, env, rng)
         (step,) = [s for s in plan.at(env).steps if s.config.knob("template") == template]
         gen = step.kernel.generated
         assert gen.sized, gen.source
         assert "_OG_SIZES = ('sz0'" in gen.source
-        modules.add(id(step.kernel.module))
-    assert len(modules) == 1
+        modules.setdefault(step.config.knobs, set()).add(id(step.kernel.module))
+    assert all(len(m) == 1 for m in modules.values()) and len(modules) <= 1 + plan.device.is_cuda * 2, modules
