@@ -476,11 +476,7 @@ class TritonEngine(Engine):
             return None
         knobs = match.knobs({k: v for k, v in config.knobs if k != "template"})
 
-        def at(env: Mapping[str, int]) -> float | None:
-            focused = match.focused(env)
-            return None if focused is None else estimate(focused, knobs)
-
-        return at
+        return functools.partial(match.estimate_at, knobs)
 
     def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
         """A kernel taking its sizes at run time serves the piece at every shape of its bucket (its

@@ -252,6 +252,12 @@ class Match(ABC, Generic[K]):
         the bucket (a bucket's tile variants: build/tile_variants.py). None (the default): no such choice."""
         return None
 
+    def estimate_at(self, knobs: K, env: Mapping[str, int]) -> float | None:
+        """A config's estimate at the shape `env` of the piece's bucket (`focused`); None where there is none.
+        Asked at every new shape of a dynamic plan: templates make it cheaper than `focused`."""
+        focused = self.focused(env)
+        return None if focused is None else focused.estimate(knobs)
+
     @abstractmethod
     def generate(self, knobs: K) -> Generated: ...
 

@@ -281,6 +281,12 @@ class MatmulMatch(TileMatch):
         gp = self.bucket[0]
         return gp.space.m, gp.space.n, gp.space.nbatch, gp.moved_bytes()
 
+    def estimate_at(self, knobs: TileKnobs, env: Mapping[str, int]) -> float | None:
+        """`_cost` at the bucket's shape `env` (the plain kernel's model: `strategy` is the match itself)."""
+        if self.bucket is None or not self.device.is_cuda:
+            return None
+        return self._cost(knobs, sample=self.sample_at(env))
+
     def focused(self, env: Mapping[str, int]) -> MatmulMatch | None:
         """This bucket piece's match with its candidates and estimates at one shape `env` of its bucket, and
         only the configs whose one kernel serves the whole bucket (`sized_knobs`): a bucket's tile variants
