@@ -105,12 +105,12 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
     dev = base.device
     usable = usable_engines(opts.engines, dev)
     # (resplit: the step indices; rebuilt: steps whose engine built their kernel again at the shape)
-    # (retiled: the steps running a tile variant; variant_kernels: the variants' kernels compiled with the
-    # bucket's first shape, at this shape, that a shape's plan does not run)
+    # (retiled: the steps running a tile variant; variant_kernels: the tiles' kernels compiled with the
+    # bucket's first shape, at this shape, that its plan does not run)
     stats: dict[str, Any] = {"kernels_s": {}, "rechosen": 0, "resplit": [], "retiled": [], "rebuilt": 0}
     env = graph.origin.env if graph.origin is not None else {}
     steps = []
-    extra: list[Step] = []  # (the tile variants this shape compiles and does not run)
+    extra: list[Step] = []  # (the tiles this shape compiles and does not run)
     first = not planned.tiles_compiled[0]
     with sessions(usable):
         for step, where in zip(base.steps, planned.positions):
@@ -126,12 +126,14 @@ def schedule_at(planned: BucketSchedule, graph: FinalGraph, options: BuildOption
             elif tiles is not None and (tiled := tiles.at(env)) is not None:
                 log.debug("  %s: tile variant at this shape: %s (the bucket's: %s)", piece.label(), tiled, config)
                 config, kernel = tiled, planned.variant(step, tiled)
-            if first and tiles is not None:
-                for variant in tiles.variants:
-                    if variant is not config:
-                        at = get_engine(variant.engine).kernel_at(planned.variant(step, variant), piece, dev)
-                        if at is not None:
-                            extra.append(Step(step.index, piece, variant, at, (step.config,)))
+            if first and tiles is not None:  # (every tile of the step compiled now: the bucket's own too)
+                for other in tiles.configs:
+                    if other is not config:
+                        bucket_kernel = step.kernel if other is step.config else planned.variant(step, other)
+                        at = get_engine(other.engine).kernel_at(bucket_kernel, piece, dev)
+                        if at is not None:  # (a variant failing gives way to the bucket's own: dropped then)
+                            fallback = step.alternatives if other is step.config else (step.config,)
+                            extra.append(Step(step.index, piece, other, at, fallback))
             shaped_kernel = get_engine(config.engine).kernel_at(kernel, piece, dev)
             if shaped_kernel is not None and opts.filters.rejects_kernel(shaped_kernel) is None:
                 if config is not step.config:
@@ -187,21 +189,22 @@ class ShapedCuts(Sequence[Cut]):
 def _compile_with_variants(
     planned: BucketSchedule, steps: list[Step], extra: list[Step], dev: Device, mode: str, stats: dict[str, Any]
 ) -> tuple[list[Step], dict[str, Any]]:
-    """Compile the shape's steps and, at the bucket's first shape, its tile variants' kernels too (`extra`:
-    the variants no step of this shape runs), so that no later shape compiles one; a variant whose kernel
-    fails to compile is dropped from its step's choice. stats["variant_kernels"]: the variants' kernels."""
+    """Compile the shape's steps and, at the bucket's first shape, the other tiles of its steps with variants
+    (`extra`: the variants, or the bucket's own tile, that no step of this shape runs), so that no later
+    shape compiles one; a variant whose kernel fails to compile is dropped from its step's choice.
+    stats["variant_kernels"]: the kernels of `extra`."""
     wanted = [*steps, *extra]
     compiled, report = compile_steps(wanted, dev, mode)
-    for i, (want, got) in enumerate(zip(wanted, compiled)):
-        if got.config is not want.config and (i >= len(steps) or want.index in stats["retiled"]):
-            log.info("  step %d: tile variant %s did not compile: dropped", want.index, want.config)
-            choice = planned.tiles.get(want.index)
-            if choice is not None:
-                smaller = choice.without(want.config)
-                if smaller is None:
-                    planned.tiles.pop(want.index)
-                else:
-                    planned.tiles[want.index] = smaller
+    for want, got in zip(wanted, compiled):
+        choice = planned.tiles.get(want.index)
+        if got.config is want.config or choice is None or all(want.config is not v for v in choice.variants):
+            continue
+        log.info("  step %d: tile variant %s did not compile: dropped", want.index, want.config)
+        smaller = choice.without(want.config)
+        if smaller is None:
+            planned.tiles.pop(want.index)
+        else:
+            planned.tiles[want.index] = smaller
     stats["variant_kernels"] = [s.kernel for s in extra]
     planned.tiles_compiled[0] = True
     return compiled[: len(steps)], report

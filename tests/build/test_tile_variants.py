@@ -170,7 +170,8 @@ def test_a_shape_runs_its_tile_variant_compiled_with_the_bucket(monkeypatch):
 
 def test_a_variant_that_fails_to_compile_is_dropped(monkeypatch):
     """A variant whose kernel fails to compile with the bucket's first shape comes back as the bucket's
-    config (compile_steps' replacement): the step's choice loses it."""
+    config (compile_steps' replacement): the step's choice loses it (the bucket's own tile, compiled beside
+    it, stays)."""
     own, variant = _config("o"), _config("vv")
     planned = bucket_plan.BucketSchedule.__new__(bucket_plan.BucketSchedule)
     object.__setattr__(planned, "tiles", {4: TileChoice((own, variant), (lambda e: 1.0, lambda e: 0.1))})
@@ -180,12 +181,13 @@ def test_a_variant_that_fails_to_compile_is_dropped(monkeypatch):
         def __init__(self, index: int, config: EngineConfig) -> None:
             self.index, self.config, self.kernel = index, config, None
 
-    main, extra = [FakeStep(0, own)], [FakeStep(4, variant)]
-    monkeypatch.setattr(bucket_plan, "compile_steps", lambda steps, dev, mode: ([main[0], FakeStep(4, own)], {}))
+    main, extra = [FakeStep(0, own)], [FakeStep(4, variant), FakeStep(4, own)]
+    compiled = [main[0], FakeStep(4, own), extra[1]]
+    monkeypatch.setattr(bucket_plan, "compile_steps", lambda steps, dev, mode: (compiled, {}))
     stats: dict = {"retiled": []}
     kept, _ = bucket_plan._compile_with_variants(planned, main, extra, CPU, "parallel", stats)  # type: ignore[arg-type]
     assert kept == main and 4 not in planned.tiles and planned.tiles_compiled == [True]
-    assert stats["variant_kernels"] == [None]
+    assert stats["variant_kernels"] == [None, None]
 
 
 @pytest.mark.gpu
