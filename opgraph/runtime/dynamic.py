@@ -330,19 +330,9 @@ class DynamicPlan(ExecutionPlan):
     def _note_variants(self, kernels: Sequence[Any], shape: Mapping[str, int], bucket: int) -> None:
         """Count the tile variants' kernels compiled with a bucket's first shape (build/tile_variants.py)
         as the bucket's, so that the shape that first runs one compiles nothing new."""
-        seen, every = self._sources.setdefault(bucket, set()), self._every
         for kernel in kernels:
             source = kernel.source()
-            if source is None:
-                continue
-            digest = self._digest(source, kernel.config.knobs)
-            seen.add(digest)
-            if digest in every:
-                continue
-            every.add(digest)
-            self.stats["kernels"] += 1
-            if self._built:
-                self.stats["runtime_compiles"] += 1
+            if source is not None and self._first_met(bucket, source, kernel.config.knobs):
                 log.info(
                     "plan '%s' step %d: new kernel for %s (bucket %d, a tile variant compiled with the bucket)",
                     printable(self.graph.name),
@@ -359,9 +349,7 @@ class DynamicPlan(ExecutionPlan):
         before is a kernel per shape (its sizes compiled in); `resplit`: the steps running another split
         than the bucket's (split_kv.at_shape: a kernel of the bucket too, compiled once for it);
         `retiled`: those running a tile variant (build/tile_variants.py: compiled with the bucket)."""
-        seen = self._sources.setdefault(bucket, set())
         configs = self._configs.setdefault(bucket, set())
-        every = self._every
         for i, step in enumerate(plan.steps):
             source = plan.source(i)
             if source is None:
@@ -369,17 +357,8 @@ class DynamicPlan(ExecutionPlan):
             key = (i, step.config.engine, step.config.knobs)
             known = key in configs
             configs.add(key)
-            digest = self._digest(source, step.config.knobs)
-            if digest in seen:
+            if not self._first_met(bucket, source, step.config.knobs):
                 continue
-            seen.add(digest)
-            if digest in every:
-                continue  # another bucket's kernel: compiled already
-            every.add(digest)
-            self.stats["kernels"] += 1
-            if not self._built:
-                continue
-            self.stats["runtime_compiles"] += 1
             if known:
                 self.stats["shape_kernels"] += 1
                 why = ", a kernel per shape: its sizes are compiled in"
@@ -398,6 +377,23 @@ class DynamicPlan(ExecutionPlan):
                 bucket,
                 why,
             )
+
+    def _first_met(self, bucket: int, source: str, knobs: Any) -> bool:
+        """Record a kernel (its source and knobs) met in `bucket`, counting it where it is new to the plan;
+        whether it is new after the build (a run-time compile, counted too)."""
+        seen = self._sources.setdefault(bucket, set())
+        digest = self._digest(source, knobs)
+        if digest in seen:
+            return False
+        seen.add(digest)
+        if digest in self._every:
+            return False  # another bucket's kernel: compiled already
+        self._every.add(digest)
+        self.stats["kernels"] += 1
+        if not self._built:
+            return False
+        self.stats["runtime_compiles"] += 1
+        return True
 
     def _digest(self, source: str, knobs: Any) -> str:
         """A binary's identity: its source and its config's knobs (constexprs and launch options). A bucket

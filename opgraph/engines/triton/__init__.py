@@ -429,9 +429,17 @@ class TritonEngine(Engine):
             for k in ordered:
                 picked.setdefault(notes[k], k)
             candidates = list(picked.values()) + (policy if mode is HeurMode.A else [])
-        return self._configs(match, candidates, device, f"{mode.name} heuristic")
+        return self._configs(match, candidates, device, f"{mode.name} heuristic", notes)
 
-    def _configs(self, match: Match[Any], candidates: Iterable[Knobs], device: Device, why: str) -> list[EngineConfig]:
+    def _configs(
+        self,
+        match: Match[Any],
+        candidates: Iterable[Knobs],
+        device: Device,
+        why: str,
+        notes: Mapping[Knobs, frozenset[NumericalNote]] | None = None,
+    ) -> list[EngineConfig]:
+        """EngineConfigs of a match's knob sets (`notes`: their numerical notes where already known)."""
         behavior = {BehaviorNote.RUNTIME_COMPILATION, BehaviorNote.DEVICE_SCALARS}
         if device.is_cuda:
             behavior |= {BehaviorNote.CUDA_GRAPH_CAPTURABLE, BehaviorNote.SUPPORTS_CUDA_GRAPH_NATIVE_API}
@@ -442,7 +450,7 @@ class TritonEngine(Engine):
             EngineConfig(
                 "triton",
                 (("template", name), *k.pairs()),
-                numerical_notes=frozenset(match.notes(k)),
+                numerical_notes=notes[k] if notes is not None else frozenset(match.notes(k)),
                 behavior_notes=frozenset(behavior),
                 estimate_us=estimate(match, k),
                 why=f"{name} template, {why}",
@@ -472,10 +480,9 @@ class TritonEngine(Engine):
         match, _ = self.match(piece, device)
         if match is None or match.template.name != config.knob("template"):
             return None
-        if match.focused(piece.graph.origin.env if piece.graph.origin else {}) is None:
-            return None
         knobs = match.knobs({k: v for k, v in config.knobs if k != "template"})
-
+        if match.estimate_at(knobs, piece.graph.origin.env if piece.graph.origin else {}) is None:
+            return None
         return functools.partial(match.estimate_at, knobs)
 
     def kernel_at(self, kernel: Kernel, piece: Piece, device: Device) -> Kernel | None:
