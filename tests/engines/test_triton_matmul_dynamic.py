@@ -106,8 +106,44 @@ def test_a_persistent_grid_is_the_same_at_every_shape(monkeypatch):
 
 
 @requires_interpreter
-def test_split_k_is_generated_at_each_shape(monkeypatch):
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16], ids=lambda d: d.name)
+def test_split_k_is_in_the_bucket_kernel(dt, monkeypatch):
+    """Split-K's partials laid out for the bucket's largest M, indexed by the run-time M: the main launch and
+    the launch that sums the slices take the sizes, one source for every shape."""
     _forced(monkeypatch, SPLIT_K=2, BLOCK_K=16)
+    plan = linear(dt).build(device="cpu", engines=["triton"], buckets="one")
+    check_one_sized_kernel(plan, TOKENS, np.random.default_rng(3), "matmul", run=run_at)
+    for env in TOKENS:
+        (step,) = matmul_steps(plan.at(env))
+        gen = step.kernel.generated
+        assert step.config.knob("SPLIT_K") == 2 and [l.kernel for l in gen.launches] == ["kernel", "kernel_epilogue"]
+        assert gen.bucket_scratch and gen.scratch_bytes == align_up(2 * 67 * 40 * 4)  # (2 slices x 67 x 40 fp32)
+
+
+@requires_interpreter
+def test_split_k_with_a_row_reduction_across_programs_is_in_the_bucket_kernel(monkeypatch):
+    """The Llama's down projection at a short request: split-K, the residual, the next RMSNorm's mean of
+    squares over column tiles (the launch summing the slices writes the reduction's partials, a third launch
+    combines them), all three launches taking the run-time sizes."""
+    _forced(monkeypatch, SPLIT_K=3, BLOCK_K=16, BLOCK_M=16, BLOCK_N=16)
+    g = _graph(DT.FLOAT, "split_row_sum")
+    x, w = g.tensor(dim=[B, S, 48], name="x"), g.tensor(dim=[1, 48, 40], name="w")
+    h = g.add(g.matmul(x, w), g.tensor(dim=[B, S, 40], name="residual"))
+    h.set_output(True).set_name("h")
+    g.reduction(g.mul(h, h), mode="AVG").set_output(True).set_dim([B, S, 1]).set_name("ms")
+    plan = g.build(device="cpu", engines=["triton"], buckets="one")
+    check_one_sized_kernel(plan, BATCH_SEQ, np.random.default_rng(9), "matmul", run=run_at)
+    (step,) = matmul_steps(plan.at(BATCH_SEQ[0]))
+    launches = [l.kernel for l in step.kernel.generated.launches]
+    assert launches == ["kernel", "kernel_epilogue", "kernel_combine0"]
+
+
+@requires_interpreter
+def test_split_k_whose_partials_outgrow_the_cap_is_generated_at_each_shape(monkeypatch):
+    from opgraph.engines.triton.templates import matmul
+
+    _forced(monkeypatch, SPLIT_K=2, BLOCK_K=16)
+    monkeypatch.setattr(matmul, "SPLIT_PARTIALS_BYTES", 2 * 66 * 40 * 4)  # (one row short of the bucket's)
     plan = linear(DT.FLOAT).build(device="cpu", engines=["triton"], buckets="one")
     rng = np.random.default_rng(3)
     for env in TOKENS[:4]:
@@ -343,24 +379,26 @@ GPU_SHAPES = [{"batch": b, "seq": s} for b, s in ((1, 1), (3, 131), (8, 512), (2
 @pytest.mark.parametrize("pointer", [False, True], ids=["heuristic", "pointer"])
 @pytest.mark.parametrize("dt", [DT.BFLOAT16, DT.HALF, DT.FLOAT], ids=lambda d: d.name)
 def test_gpu_matmul_bias_gelu_over_a_bucket(dt, pointer, monkeypatch):
-    """The heuristic's configs (on Hopper host-descriptor ones: one sized kernel; device-side TMA and
-    split-K ones generated at each shape) and the pointer configs (one sized kernel, compiled once) over
-    one bucket, at 1, primes and the range's ends."""
+    """The heuristic's configs (on Hopper host-descriptor and split-K ones: one sized kernel; device-side
+    TMA ones generated at each shape) and the pointer configs (one sized kernel, compiled once) over one
+    bucket, at 1, primes and the range's ends: each tile the shapes run (the bucket's own, or a tile variant
+    at its small shapes) one module."""
     if pointer:
         _forced(monkeypatch, TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, SPLIT_K=None)
     no_tf32 = ["DOWN_CONVERT_INPUTS"] if dt == DT.FLOAT else []  # fp32 as the reference: no TF32
     plan = gpu_mlp(dt).build(device="cuda", engines=["triton"], buckets="one", deselect_numeric_notes=no_tf32)
     rng = np.random.default_rng(6)
-    modules, per_shape = set(), False
+    modules: dict[tuple, set[int]] = {}
     for env in GPU_SHAPES:
         run_at(plan, env, rng)
         (step,) = matmul_steps(plan.at(env))
         c = step.config
-        per_shape |= bool(c.knob("TMA") and not c.knob("TMA_HOST")) or (c.knob("SPLIT_K") or 1) > 1
         if step.kernel.generated.sized:
-            modules.add(id(step.kernel.module))
-    if pointer or not per_shape:
-        assert len(modules) == 1, step.config
+            modules.setdefault(c.knobs, set()).add(id(step.kernel.module))
+        else:
+            assert c.knob("TMA") and not c.knob("TMA_HOST") and not pointer, c
+    assert all(len(ids) == 1 for ids in modules.values()), modules
+    assert modules or not pointer
 
 
 # the Hopper path (templates/_matmul_hopper.py: host descriptors, persistent, flattened, the epilogue on
@@ -480,8 +518,11 @@ def test_gpu_projection_residual_and_mean_of_squares_over_a_bucket(dt):
     no_tf32 = ["DOWN_CONVERT_INPUTS"] if dt == DT.FLOAT else []
     plan = g.build(device="cuda", engines=["triton"], buckets="one", deselect_numeric_notes=no_tf32)
     check_one_sized_kernel(plan, GPU_SHAPES, np.random.default_rng(14), "matmul", run=run_at)
-    gen = matmul_steps(plan.at(GPU_SHAPES[0]))[0].kernel.generated
-    assert len(gen.launches) == 2 and gen.bucket_scratch, gen.source
+    for env in GPU_SHAPES:  # (a tile variant at the small shapes may split K: a launch summing the slices)
+        gen = matmul_steps(plan.at(env))[0].kernel.generated
+        kernels = [l.kernel for l in gen.launches]
+        assert kernels in (["kernel", "kernel_combine0"], ["kernel", "kernel_epilogue", "kernel_combine0"]), kernels
+        assert gen.bucket_scratch
 
 
 def test_a_buckets_tiles_are_weighed_across_the_bucket():

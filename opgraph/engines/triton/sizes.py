@@ -54,6 +54,10 @@ class Sizes:
         """The largest a size gets in the bucket."""
         return bounds(value, self.ranges)[1]
 
+    def least(self, value: SymInt) -> int:
+        """The smallest a size gets in the bucket."""
+        return bounds(value, self.ranges)[0]
+
     def needs_int64(self, descs: Iterable[TensorDesc], lanes: int = 0) -> bool:
         """Whether offsets into `descs` (an extent, or the element count plus `lanes`) can pass int32 in
         the bucket (templates.base.offsets_need_int64, over the bucket's range)."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ....core.device import Device
+from ....core.symbolic import SymInt
 from ..knobs import TileKnobs
+from ..sizes import above_one
 from .epilogue import Context
 from .scratch import Signature
 from .tiling import Tiling, static
@@ -17,53 +21,64 @@ def split_range(iters: int, split: int) -> tuple[list[str], str, str]:
     return [f"it_lo = ks * {per}", f"it_hi = tl.minimum(it_lo + {per}, {iters})"], "it_lo", "it_hi"
 
 
+def _slot_row(t: Tiling, ks: str) -> str:
+    """The partial row of the tile's rows `rm` in slice `ks`: slices of the batch programs' M rows, each row
+    N wide (a bucket kernel's at its run-time sizes, in scratch laid out for the bucket's largest shape)."""
+    sp, text = t.space, t.text
+    nprog = sp.nbatch * sp.groups
+    if above_one(nprog):
+        return f"({ks} * {text(nprog)} + pb) * {text(sp.m)} + rm"
+    return f"{ks} * {text(sp.m)} + rm"
+
+
 def split_store(ctx: Context, sig: Signature, offset: int) -> list[str]:
     """The main kernel's end under split-K: store this slice's accumulator."""
     t = ctx.tiling
-    sp = t.space
     dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
     ws = sig.scratch("ws_acc", offset, dtype)
     mask = t.output_indexer(ctx.ptr_of(sig)).mask()
-    nprog = sp.nbatch * sp.groups
-    row = f"(ks * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"ks * {sp.m} + rm"
-    return [f"tl.store({ws} + ({row})[:, None] * {sp.n} + rn[None, :], acc{f', mask={mask}' if mask else ''})"]
+    row = _slot_row(t, "ks")
+    return [
+        f"tl.store({ws} + ({row})[:, None] * {t.text(t.space.n)} + rn[None, :], acc{f', mask={mask}' if mask else ''})"
+    ]
 
 
 def split_sum(ctx: Context, sig: Signature, offset: int) -> list[str]:
     """The epilogue kernel's start under split-K: the accumulator as the sum of the slices."""
     t = ctx.tiling
-    sp = t.space
     is_int = ctx.dot is not None and ctx.dot.is_int
     dtype = "int32" if is_int else "float32"
     ws = sig.scratch("ws_acc", offset, dtype)
     mask = t.output_indexer(ctx.ptr_of(sig)).mask()
-    nprog = sp.nbatch * sp.groups
     lines = [f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})"]
     lines.append(f"for kss in tl.static_range({t.split}):")
-    row = f"(kss * {nprog} + pb) * {sp.m} + rm" if nprog > 1 else f"kss * {sp.m} + rm"
+    row = _slot_row(t, "kss")
     masked = f", mask={mask}, other=0" if mask else ""
-    lines.append(f"    acc += tl.load({ws} + ({row})[:, None] * {sp.n} + rn[None, :]{masked})")
+    lines.append(f"    acc += tl.load({ws} + ({row})[:, None] * {t.text(t.space.n)} + rn[None, :]{masked})")
     return lines
 
 
-def epilogue_tiling(tiling: Tiling, knobs: TileKnobs, device: Device) -> Tiling:
+def epilogue_tiling(
+    tiling: Tiling, knobs: TileKnobs, device: Device, count: Callable[[SymInt], int] = static
+) -> Tiling:
     """The tiles of the split-K epilogue launch. Each program sums SPLIT_K partial tiles (all
     loads issued at once) and runs the epilogue, so a tile of the main kernel's size would give few
     programs, each with SPLIT_K x (BM x BN / threads) loads in flight (a 128 x 128 tile split 2: 52
     programs for a 1568 x 512 conv). Finer tiles, down to 32 x 32, until there are about two programs
-    per SM (knobs EPI_M / EPI_N set them)."""
+    per SM (knobs EPI_M / EPI_N set them). `count` gives the programs of a tiling as an int (a bucket
+    kernel's: at the bucket's smallest shape, where split-K pays)."""
     bm, bn = tiling.block_m, tiling.block_n
     if knobs.EPI_M is not None or knobs.EPI_N is not None:
         bm, bn = knobs.EPI_M or bm, knobs.EPI_N or bn
     else:
         bm, bn = min(bm, 64), min(bn, 128)
         want = 2 * max(device.sm_count, 1)
-        while bm * bn > 1024 and static(Tiling(tiling.space, bm, bn).per_split) < want:
+        while bm * bn > 1024 and count(Tiling(tiling.space, bm, bn).per_split) < want:
             if bm >= bn and bm > 32 or bn <= 32:
                 bm //= 2
             else:
                 bn //= 2
-    return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
+    return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big, text=tiling.text)
 
 
 def slice_block(split: int, tiling: Tiling, interpret: bool) -> int:
@@ -82,7 +97,7 @@ def split_sum_blocked(ctx: Context, sig: Signature, offset: int) -> list[str]:
     dtype = "int32" if ctx.dot is not None and ctx.dot.is_int else "float32"
     ws = sig.scratch("ws_acc", offset, dtype)
     nprog = sp.nbatch * sp.groups
-    rows = f"pb * {sp.m} + rm" if nprog > 1 else "rm"
+    rows = f"pb * {t.text(sp.m)} + rm" if above_one(nprog) else "rm"
     masks = [f"(s < {t.split})[:, None, None]"]
     if t.rmask:
         masks.append(f"{t.rmask}[None, :, None]")
@@ -91,10 +106,10 @@ def split_sum_blocked(ctx: Context, sig: Signature, offset: int) -> list[str]:
     s_expr = "s0 + tl.arange(0, BLOCK_S)"
     return [
         f"acc = tl.zeros((BLOCK_M, BLOCK_N), tl.{dtype})",
-        f"at = ({rows})[:, None] * {sp.n} + rn[None, :]",
+        f"at = ({rows})[:, None] * {t.text(sp.n)} + rn[None, :]",
         f"for s0 in tl.range(0, {t.split}, BLOCK_S, num_stages=2):",
         f"    s = ({s_expr}).to(tl.int64)" if t.big else f"    s = {s_expr}",
-        f"    part = tl.load({ws} + s[:, None, None] * {nprog * sp.m * sp.n} + at[None, :, :], "
+        f"    part = tl.load({ws} + s[:, None, None] * {t.text(nprog * sp.m * sp.n)} + at[None, :, :], "
         f"mask={' & '.join(masks)}, other=0)",
         "    acc += tl.sum(part, axis=0)",
     ]

@@ -50,6 +50,14 @@ from .splitk import epilogue_tiling, slice_block, split_range, split_store, spli
 from .tiling import Tiling, static
 
 
+def sized_launch(sizes: Sizes, sig: Signature, programs: SymInt) -> tuple[int, tuple[SymInt, ...], tuple[Any, ...]]:
+    """A bucket kernel's launch (after its body has spelled every size it uses): the size parameters
+    appended to `sig`, the programs at the plan's shape with their expression (the grid per shape), and the
+    arguments at the plan's shape (host descriptors' shapes as values)."""
+    sizes.add_params(sig)
+    return evaluate(programs, sizes.env), (programs,), tuple(a.at_shape(sizes.env) for a in sig.args)
+
+
 def divisible_text(sizes: Sizes) -> Callable[[SymInt], str]:
     """`sizes.text`, but a dynamic size that is a multiple of a constant (a stride: `768*seq`) spelled as
     the parameter of its quotient times that constant, `(sz0 * 768)`, so that Triton knows its
@@ -194,7 +202,7 @@ class Combine:
     finer tiles, ~2 programs per SM (EPI_M / EPI_N set them), one slice a step)."""
 
     def tiling(self, m: TileMatch, tiling: Tiling, k: TileKnobs) -> Tiling:
-        return epilogue_tiling(tiling, k, m.device)
+        return epilogue_tiling(tiling, k, m.device, static if m.sizes is None else m.sizes.least)
 
     def sum_lines(self, ctx: Context, sig: Signature, offset: int) -> list[str]:
         return split_sum(ctx, sig, offset)
@@ -228,7 +236,7 @@ class BlockedCombine(Combine):
                     bn //= 2
                 else:
                     break
-        return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big)
+        return Tiling(tiling.space, bm, bn, 1, tiling.split, tiling.big, text=tiling.text)
 
     def sum_lines(self, ctx: Context, sig: Signature, offset: int) -> list[str]:
         return split_sum_blocked(ctx, sig, offset)
@@ -409,7 +417,8 @@ class TileMatch(Match[TileKnobs], TileLoop):
         acc_off = None
         if partials:  # the epilogue launch owns the reductions (their partials follow its tiles)
             ctx.scratch, ctx.reductions = Scratch(), []
-            acc_off = ctx.scratch.alloc(tiling.split * gp.space.nbatch * gp.space.groups * gp.space.m * gp.space.n * 4)
+            sp = gp.space  # (a bucket kernel's partials: laid out for its largest shape, indexed by its sizes)
+            acc_off = ctx.scratch.alloc(ctx.largest(tiling.split * sp.nbatch * sp.groups * sp.m * sp.n * 4))
         functions: list[str] = list(self.prelude(ctx, k))
         sig = Signature()
         body = loop.body(ctx, sig, k, acc_off)
@@ -418,10 +427,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         sizes, grid_expr = self.sizes, None
         args = tuple(sig.args)
         if sizes is not None:  # the size parameters after the others; the grid evaluated per shape
-            assert acc_off is None, "split-K and partials are generated at each shape"
-            sizes.add_params(sig)
-            programs, grid_expr = evaluate(programs, sizes.env), (programs,)
-            args = tuple(a.at_shape(sizes.env) for a in sig.args)  # (host descriptors' shapes: values)
+            programs, grid_expr, args = sized_launch(sizes, sig, programs)
         assert isinstance(programs, int)
         functions += [source for source, _ in ctx.before]
         functions.append(sig.source("kernel", list(constexprs), body))
@@ -464,13 +470,17 @@ class TileMatch(Match[TileKnobs], TileLoop):
             + epilogue(ectx, esig, "acc", combine.subtile(tiling, etiling, k))
         )
         constexprs = combine.constexprs(tiling, etiling, ctx.interpret)
+        programs, grid_expr, args = etiling.per_split, None, tuple(esig.args)
+        if self.sizes is not None:
+            programs, grid_expr, args = sized_launch(self.sizes, esig, programs)
         functions.append(esig.source("kernel_epilogue", list(constexprs), ebody))
         launches.append(
             Launch(
                 "kernel_epilogue",
-                (static(etiling.per_split),),
-                tuple(esig.args),
+                (static(programs),),
+                args,
                 (*constexprs.items(), ("num_warps", combine.warps(etiling, k))),
+                grid_expr=grid_expr,
             )
         )
         return ectx

@@ -28,6 +28,10 @@ BANDWIDTH = 3.0e12  # bytes/s an H100 streams (an H200 does ~4.2e12)
 # bytes/s the L2 cache feeds the multiprocessors: every program loads its (BM + BN) x K operand tiles
 # through it, which bounds small tiles with a long K (bench/results/constants.md#hopper-small-tiles)
 L2_BANDWIDTH = 11.0e12
+# seconds a main-loop iteration's loads take to arrive: a program with `num_stages - 1` iterations in flight
+# runs one iteration per LOAD_LATENCY / (num_stages - 1) at best, which bounds few programs with a long K
+# (bench/results/constants.md#load-latency)
+LOAD_LATENCY = 0.7e-6
 
 
 def _iters(k: int, k_step: int, bk: int) -> int:
@@ -46,11 +50,13 @@ def estimate_us(
     elem_bytes: int = 2,
     k_step: int = 0,
     moved_bytes: int = 0,
+    latency_floor: bool = False,
 ) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
     outputs) and by the operand tiles the programs load through the L2 cache, plus split-K's partials
-    and its extra launch."""
+    and its extra launch. With `latency_floor` (measured on the matmul template's loops, not the convs'),
+    also by the latency of each program's serial main loop (LOAD_LATENCY)."""
     assert knobs.BLOCK_K is not None
     bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
     split, stages = knobs.split_k, knobs.num_stages or 3
@@ -71,11 +77,12 @@ def estimate_us(
     big = bm * bn >= 16384
     if knobs.tma and big:
         eff *= 1.2  # TMA copies: no address math or masks in the loop (measured 590-643 vs 531 TFLOP/s)
-    waves: float = -(-programs // (sms * ctas)) * ctas
+    rounds = -(-programs // (sms * ctas))  # (programs resident together wait on their loads together)
+    waves: float = rounds * ctas
     if knobs.persistent:
         # the busiest program's tiles (64 tiles on 132 programs take one tile's time, not half of it), its
         # multiprocessor shared by persistent / sms programs
-        busiest = -(-programs // knobs.persistent)
+        busiest = rounds = -(-programs // knobs.persistent)
         waves = busiest * knobs.persistent / sms
         if big and busiest > 1:
             eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
@@ -85,6 +92,8 @@ def estimate_us(
     moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
     tiles_loaded = programs * (bm + bn) * bk * -(-iters // split) * elem_bytes
     t = max(t_math, moved / BANDWIDTH, tiles_loaded / L2_BANDWIDTH)
+    if latency_floor:
+        t = max(t, rounds * -(-iters // split) * LOAD_LATENCY / max(stages - 1, 1))
     if split > 1:
         t += split * m * n * nprog * 8 / BANDWIDTH + 2e-6
     if knobs.tma and not knobs.tma_host:
@@ -103,6 +112,7 @@ def gemm_candidates(
     k_step: int = 0,
     moved_bytes: int = 0,
     extra: Mapping[str, Any] | None = None,
+    latency_floor: bool = False,
 ) -> list[TileKnobs]:
     """Tile configs for an M x N x K product repeated `nprog` times, the heuristic's choice first.
 
@@ -112,7 +122,8 @@ def gemm_candidates(
     they do not (small images, deep channels). Under the interpreter: 16..32-wide tiles (few, small
     programs); a split of K when the tiles are fewer than the "SMs" and the loop is long, so the
     tests exercise it. The last candidate is the plain, smallest config (HeurMode.FALLBACK).
-    `k_step` is the natural K chunk (channels per filter tap of a conv) when smaller than K."""
+    `k_step` is the natural K chunk (channels per filter tap of a conv) when smaller than K;
+    `latency_floor` as `estimate_us`'s."""
     extra = dict(extra or {})
     chunk = k_step or k
     if not device.is_cuda:
@@ -157,7 +168,16 @@ def gemm_candidates(
             )
     out.sort(
         key=lambda c: estimate_us(
-            m, n, k, c, nprog=nprog, device=device, elem_bytes=elem_bytes, k_step=k_step, moved_bytes=moved_bytes
+            m,
+            n,
+            k,
+            c,
+            nprog=nprog,
+            device=device,
+            elem_bytes=elem_bytes,
+            k_step=k_step,
+            moved_bytes=moved_bytes,
+            latency_floor=latency_floor,
         )
     )
     out = out[:6]

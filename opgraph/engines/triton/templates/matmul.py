@@ -23,10 +23,13 @@ runs one source and one binary. TMA_HOST configs (the Hopper path, first on Hopp
 too: a host descriptor's shape and strides are expressions of the dynamic dims (`Arg.desc_expr`),
 evaluated per shape and encoded at bind, and an operand is read through one where `tma_ok` holds at
 every shape of the bucket (a dynamic axis counted as more than 1, its stride 16-byte aligned by its
-known divisor). Configs whose structure depends on the shape are generated at each
-shape with the bucket's knobs, as before: SPLIT_K > 1 (partials sized by M), TMA=1 without TMA_HOST
-(device-side descriptors), and reductions in the epilogue whose slots span a dynamic size (a column
-reduction over a dynamic M, a mean over a dynamic count). A row reduction is in the bucket's kernel:
+known divisor). SPLIT_K > 1 is in the bucket's kernels too: the slices' fp32 partials laid out for the
+bucket's largest shape (at most SPLIT_PARTIALS_BYTES, else generated at each shape), indexed by the
+run-time M, and the launch that sums them (on its tiles chosen at the bucket's smallest shape) takes the
+sizes. Configs whose structure depends on the shape are generated at each shape with the bucket's knobs,
+as before: TMA=1 without TMA_HOST (device-side descriptors), and reductions in the epilogue whose slots
+span a dynamic size (a column reduction over a dynamic M, a mean over a dynamic count). A row reduction
+is in the bucket's kernel:
 one program a row (N <= BLOCK_N), or partials per column tile (RMSNorm's mean of squares after a
 Llama block's output projection, N > BLOCK_N) laid out for the bucket's largest M (`Context.largest`,
 `Generated.bucket_scratch`) and a combine launch taking the run-time sizes.
@@ -44,7 +47,7 @@ from ....core.config import Support
 from ....core.errors import AttributeValueError
 from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
-from ....core.symbolic import Expr, evaluate
+from ....core.symbolic import Expr, bounds, evaluate
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from ..gemm import (
@@ -144,8 +147,9 @@ class MatmulTemplate(TileTemplate):
 
     def sized_knobs(self, knobs: TileKnobs) -> bool:
         """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
-        not split-K, not device-side TMA (the attention templates answer the same question)."""
-        return knobs.split_k == 1 and (not knobs.tma or knobs.tma_host)
+        not device-side TMA (the attention templates answer the same question); split-K only where its
+        partials fit (MatmulMatch.one_kernel)."""
+        return not knobs.tma or knobs.tma_host
 
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
         """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
@@ -160,6 +164,10 @@ class MatmulTemplate(TileTemplate):
 
 
 BUCKET_SAMPLES = 5  # shapes across a dynamic plan's bucket at which its GEMM tiles are weighed (MatmulMatch._weighed)
+# The most bytes a bucket kernel's split-K partials may take: they are laid out for the bucket's largest
+# shape, where a split rarely pays (the Llama's down projection split 4 at the bucket of up to 4,096 rows:
+# 64 MiB), so larger ones are generated at each shape instead.
+SPLIT_PARTIALS_BYTES = 128 << 20
 
 
 class BucketSample(NamedTuple):
@@ -211,10 +219,24 @@ class MatmulMatch(TileMatch):
             return None
         return found[1], found[2]
 
+    def one_kernel(self, k: TileKnobs) -> bool:
+        """Whether config `k` has one kernel for every shape of the piece's bucket (`kernels`): not
+        device-side TMA, and split-K's partials at the bucket's largest shape within SPLIT_PARTIALS_BYTES."""
+        if self.bucket is None or not self.template.sized_knobs(k):
+            return False
+        if k.split_k == 1:
+            return True
+        gp, origin = self.bucket
+        sp = gp.space
+        return (
+            bounds(k.split_k * sp.nbatch * sp.groups * sp.m * sp.n * 4, origin.bucket.range_map)[1]
+            <= SPLIT_PARTIALS_BYTES
+        )
+
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
-        (`bucket`; not split-K, not device-side TMA), else the kernels at the piece's shape."""
-        if self.bucket is not None and self.template.sized_knobs(k):
+        (`one_kernel`), else the kernels at the piece's shape."""
+        if self.bucket is not None and self.one_kernel(k):
             gp, origin = self.bucket
             bucket = MatmulMatch(self.template, gp, self.device)
             bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
@@ -251,6 +273,7 @@ class MatmulMatch(TileMatch):
             device=self.device,
             elem_bytes=elem,
             moved_bytes=moved,
+            latency_floor=True,
         )
 
     @cached_property
@@ -289,7 +312,7 @@ class MatmulMatch(TileMatch):
 
     def focused(self, env: Mapping[str, int]) -> MatmulMatch | None:
         """This bucket piece's match with its candidates and estimates at one shape `env` of its bucket, and
-        only the configs whose one kernel serves the whole bucket (`sized_knobs`): a bucket's tile variants
+        only the configs whose one kernel serves the whole bucket (`one_kernel`): a bucket's tile variants
         (build/tile_variants.py). None off a bucket."""
         if self.bucket is None:
             return None
@@ -322,6 +345,7 @@ class MatmulMatch(TileMatch):
             elem_bytes=elem,
             moved_bytes=gp.moved_bytes() if self.focus is None else self.focus.moved_bytes,
             extra=extra,
+            latency_floor=True,
         )
         if self.bucket_samples:  # (a bucket's tiles are weighed across it: its largest shape's offered too)
             big = self.bucket_samples[-1]
@@ -334,6 +358,7 @@ class MatmulMatch(TileMatch):
                 elem_bytes=elem,
                 moved_bytes=big.moved_bytes,
                 extra=extra,
+                latency_floor=True,
             )
             configs = list(dict.fromkeys([*configs[:-1], *at_big[:-1]])) + configs[-1:]
         if width > 1:  # (the tiles of the products side by side: each about BLOCK_N / width wide, unsplit)
@@ -364,7 +389,7 @@ class MatmulMatch(TileMatch):
             # SwiGLU: bench/results/triton-preferences.md#sibling-products)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
         if self.focus is not None:
-            configs = [c for c in configs[:-1] if self.template.sized_knobs(c)] + configs[-1:]
+            configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
         return finish_candidates(configs, gp, device, extra)
 
     def _per_shape(self, c: TileKnobs) -> bool:
@@ -372,7 +397,7 @@ class MatmulMatch(TileMatch):
         # the split ones offered too). The others (split-K, device-side TMA) are generated and compiled
         # again at every new shape, and the estimate ranking them is the hint's: an fp32 GEMM of M 48 (the
         # hint of M 1..4096) chose split-K 4, then run at M 4096 too.
-        return self.bucket is not None and not self.template.sized_knobs(c)
+        return self.bucket is not None and not self.one_kernel(c)
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
         """Per-shape kernels last in a bucket, then the estimate (`_weighed`); where the bytes bound every
