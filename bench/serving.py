@@ -145,7 +145,7 @@ def _alone_ms(call: Any, ids: Any, device: str, reps: int = 10) -> dict[str, flo
     host launches it (the GPU may wait for the host between launches; on the CPU, the wall time).
     `device_ms` (GPU): the same call queued behind a spin of the GPU that outlasts the host's launching,
     so that no launch waits for the host: the request's device time (None where the host outlasted even
-    a spin of 4x its launch time)."""
+    a spin of 8x its launch time)."""
     import torch
 
     call(ids)
@@ -181,7 +181,7 @@ def _device_ms(call: Any, ids: Any, reps: int) -> float | None:
     call(ids)
     launch_ms = 1e3 * (time.perf_counter() - t)
     torch.cuda.synchronize()
-    for spin_ms in (2 * launch_ms + 1, 4 * launch_ms + 2):
+    for spin_ms in (2 * launch_ms + 1, 4 * launch_ms + 2, 8 * launch_ms + 4):
         times = []
         for _ in range(reps):
             t = time.perf_counter()
