@@ -8,9 +8,8 @@ bucket's 128 x 128 tiles (chosen for up to 16 x 256 tokens) at 1.5-1.8x the time
 64 x 32 ones. So a step of a bucket carries up to MAX_VARIANTS other configs (`offer`): at each of the
 POINTS of the bucket's range (log-spaced from its smallest shape toward its middle), the engine's best
 config there whose one kernel serves the whole bucket (Engine.configs_at) with the bucket config's
-numerical notes, where its estimate beats the bucket's config there, and any variant carried from an
-earlier point, by GAIN. The variants' kernels are compiled with the bucket's first shape
-(bucket_plan.schedule_at), so no later shape compiles anything;
+numerical notes, where its estimate beats the bucket's config there by GAIN. The variants' kernels are
+compiled with the bucket's first shape (bucket_plan.schedule_at), so no later shape compiles anything;
 each shape runs the config of least estimate (Engine.estimator: a few integer operations per config)
 among the bucket's and its variants, the bucket's own unless another beats it by GAIN there.
 """
@@ -88,13 +87,11 @@ def offer(piece: Piece, config: EngineConfig, device: Device, filters: ConfigFil
     if own is None:
         return None
     variants: list[EngineConfig] = []
-    carried = [own]  # (the estimators of the configs the step carries so far)
     for t in POINTS:
         env = {**origin.env, **_point(ranges, t)}
-        bars = [us for us in (e(env) for e in carried) if us is not None]
-        if len(bars) < len(carried):
+        bar = own(env)
+        if bar is None:
             continue
-        bar = min(bars)  # (a variant must beat every config carried so far there: each one compiles)
         for candidate in engine.configs_at(piece, device, env):
             if candidate.numerical_notes != config.numerical_notes:
                 continue
@@ -103,14 +100,16 @@ def offer(piece: Piece, config: EngineConfig, device: Device, filters: ConfigFil
             if candidate.knobs == config.knobs or candidate.estimate_us is None:
                 break  # (the bucket's config is the best there, or the engine has no estimate)
             if candidate.estimate_us <= GAIN * bar and all(v.knobs != candidate.knobs for v in variants):
-                estimator = engine.estimator(piece, candidate, device)
-                if estimator is None:
-                    return None
                 variants.append(candidate)
-                carried.append(estimator)
             break
         if len(variants) == MAX_VARIANTS:
             break
+    estimators = [own]
+    for variant in variants:
+        estimator = engine.estimator(piece, variant, device)
+        if estimator is None:
+            return None
+        estimators.append(estimator)
     if not variants:
         return None
-    return TileChoice((config, *variants), tuple(carried))
+    return TileChoice((config, *variants), tuple(estimators))

@@ -262,6 +262,7 @@ def test_gpu_short_requests_of_a_down_projection_run_its_split_k_variant():
         next(st.config for st in plan.at({"batch": b, "seq": s}).steps if st.config.knob("template") == "matmul")
         for b, s in shapes
     ]
-    assert (configs[0].knob("SPLIT_K") or 1) == 1 and (configs[1].knob("SPLIT_K") or 1) > 1, configs
-    assert configs[3] is configs[1] and plan.stats["runtime_compiles"] == compiles
+    splits = [c.knob("SPLIT_K") or 1 for c in configs]
+    assert splits[0] == 1 and splits[1] > 1 and splits[3] > 1, configs
+    assert plan.stats["runtime_compiles"] == compiles
     assert plan.stats["shape_kernels"] == 0
