@@ -1,5 +1,9 @@
 """The plan's workspace: one byte buffer holding the tensors that cross pieces (each materialised
-once) and each step's private scratch (split-reduction partials, per-channel coefficients).
+once) and the steps' scratch (split-reduction partials, per-channel coefficients): one region as large
+as the largest step's, which every step uses in turn (a step's scratch lives only while its launches
+run, and a plan's steps run one after another on one stream). A dynamic plan's bucket kernels lay their
+partials out for the bucket's largest shape (split-K's for a Llama projection at 4,096 rows: 64-128 MiB),
+which summed over the steps would have reserved that much per projection at every shape.
 
 On the CPU it is a NumPy uint8 array, on CUDA a torch uint8 tensor; the user may pass one (checked
 for type, device, size and overlap with the bound buffers) or let the plan allocate and keep it.
@@ -49,8 +53,7 @@ def plan_layout(
     for step, nbytes in enumerate(scratch_bytes):
         if nbytes:
             scratch[step] = (offset, nbytes)
-            offset += align_up(nbytes)
-    return WorkspaceLayout(tensors, scratch, offset)
+    return WorkspaceLayout(tensors, scratch, offset + max((align_up(n) for n in scratch_bytes), default=0))
 
 
 def allocate(size: int, device: Device) -> Any:

@@ -107,17 +107,51 @@ def test_a_persistent_grid_is_the_same_at_every_shape(monkeypatch):
 
 @requires_interpreter
 @pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16], ids=lambda d: d.name)
-def test_split_k_is_in_the_bucket_kernel(dt, monkeypatch):
-    """Split-K's partials laid out for the bucket's largest M, indexed by the run-time M: the main launch and
-    the launch that sums the slices take the sizes, one source for every shape."""
+@pytest.mark.parametrize("make,shapes", CASES)
+def test_split_k_is_in_the_bucket_kernel(make, shapes, dt, monkeypatch):
+    """Split-K's partials laid out for the bucket's largest shape, indexed by the run-time M (and batch
+    programs, where the batch is dynamic): the main launch and the launch that sums the slices take the
+    sizes, one source for every shape."""
     _forced(monkeypatch, SPLIT_K=2, BLOCK_K=16)
-    plan = linear(dt).build(device="cpu", engines=["triton"], buckets="one")
-    check_one_sized_kernel(plan, TOKENS, np.random.default_rng(3), "matmul", run=run_at)
-    for env in TOKENS:
+    plan = make(dt).build(device="cpu", engines=["triton"], buckets="one")
+    check_one_sized_kernel(plan, shapes, np.random.default_rng(3), "matmul", run=run_at)
+    for env in shapes:
         (step,) = matmul_steps(plan.at(env))
         gen = step.kernel.generated
         assert step.config.knob("SPLIT_K") == 2 and [l.kernel for l in gen.launches] == ["kernel", "kernel_epilogue"]
-        assert gen.bucket_scratch and gen.scratch_bytes == align_up(2 * 67 * 40 * 4)  # (2 slices x 67 x 40 fp32)
+        assert gen.bucket_scratch
+        if make is linear:
+            assert gen.scratch_bytes == align_up(2 * 67 * 40 * 4)  # (2 slices x 67 x 40 fp32)
+
+
+def test_a_split_config_whose_kernel_is_generated_at_each_shape_is_no_tile_variant():
+    """A column reduction of the product over a dynamic M (a sum over the rows) makes its kernels at each
+    shape: the configs a bucket's step may switch to at a shape (`focused`, tile variants) leave its split
+    configs out, as they would be chosen and compiled again at each shape; their kernels are not sized."""
+    from opgraph.build.buckets import choose
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    batch, seq = og.Dim("batch", 2, 16), og.Dim("seq", 17, 256)
+    g = _graph(DT.BFLOAT16, "colsum")
+    x = g.tensor(dim=[batch, seq, 2816], name="x")
+    w = g.tensor(dim=[1, 2816, 1024], stride=[2816 << 10, 1, 2816], name="w")
+    g.reduction(g.matmul(x, w), mode="ADD").set_output(True).set_dim([1, 1, 1024])
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    piece = make_piece(hint, 0, hint.nodes)
+    match = TEMPLATE.matched(piece, h200)
+    assert isinstance(match, MatmulMatch) and match.bucket is not None
+    plain = dict(TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, EPILOGUE_SUBTILE=None)
+    split = [match.candidates()[0].replace(BLOCK_M=64, BLOCK_N=32, SPLIT_K=s, **plain) for s in (2, 4)]
+    assert all(not match.kernels(c).sized and not match.one_kernel(c) for c in split)
+    for env in ({"batch": 2, "seq": 17}, {"batch": 3, "seq": 20}):
+        focused = match.focused(env)
+        assert focused is not None
+        assert all(c.split_k == 1 for c in focused.candidates()[:-1])
 
 
 @requires_interpreter

@@ -43,17 +43,19 @@ def test_align_up(n, alignment):
     assert got % alignment == 0 and n <= got < n + alignment
 
 
-def test_layout_gives_each_crossing_tensor_and_scratch_an_aligned_slot_once(graph):
+def test_layout_gives_each_crossing_tensor_an_aligned_slot_once_and_the_steps_one_scratch_region(graph):
+    """Crossing tensors get disjoint aligned slots; the steps' scratch shares one region after them, as
+    large as the largest step's (the steps run one after another)."""
     x, t, u, y = uids(graph)
     t_bytes = int(np.prod(DIMS)) * 2  # HALF
     u_bytes = int(np.prod(DIMS)) * 4
     # piece outputs: t (crossing), then t again with u, then y (a graph output: bound by the user)
-    layout = plan_layout(graph, [[t], [t, u], [y]], [0, 100, 0, 7])
+    layout = plan_layout(graph, [[t], [t, u], [y]], [0, 100, 0, 700])
     assert dict(layout.tensors) == {t: (0, t_bytes), u: (align_up(t_bytes), u_bytes)}
     u_end = align_up(t_bytes) + align_up(u_bytes)
-    assert dict(layout.scratch) == {1: (u_end, 100), 3: (u_end + align_up(100), 7)}
-    assert layout.size == u_end + align_up(100) + align_up(7)
-    slots = sorted([*layout.tensors.values(), *layout.scratch.values()])
+    assert dict(layout.scratch) == {1: (u_end, 100), 3: (u_end, 700)}
+    assert layout.size == u_end + align_up(700)
+    slots = sorted(layout.tensors.values()) + [(u_end, 700)]
     for (a, na), (b, _) in zip(slots, slots[1:]):
         assert a % ALIGN == 0 and a + na <= b  # aligned and disjoint
     assert slots[-1][0] + slots[-1][1] <= layout.size

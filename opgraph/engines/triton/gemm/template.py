@@ -367,9 +367,10 @@ class TileMatch(Match[TileKnobs], TileLoop):
     def tiling(self, k: TileKnobs) -> Tiling:
         split = k.split_k if self.template.splits_k else 1
         sp = self.gp.space
-        if self.sizes is not None:  # offsets int64 where the bucket's largest shape needs them
+        if self.sizes is not None:  # offsets int64 where the bucket's largest shape needs them (partials too)
             p = self.gp.piece
             big = self.sizes.needs_int64(p.tensor(u) for u in (*p.inputs, *p.outputs))
+            big = big or (split > 1 and self.sizes.max(split * sp.nbatch * sp.groups * sp.m * sp.n) > INT32_LIMIT)
             return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, big, text=divisible_text(self.sizes))
         scratch_extent = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
         return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch_extent))

@@ -221,11 +221,37 @@ class MatmulMatch(TileMatch):
 
     def one_kernel(self, k: TileKnobs) -> bool:
         """Whether config `k` has one kernel for every shape of the piece's bucket (`kernels`): not
-        device-side TMA, and split-K's partials at the bucket's largest shape within SPLIT_PARTIALS_BYTES."""
+        device-side TMA; split-K only where its partials at the bucket's largest shape are within
+        SPLIT_PARTIALS_BYTES and its kernels are generated for the bucket (a reduction in the epilogue
+        over a dynamic M is generated at each shape: the bucket would re-choose a split variant there)."""
         if self.bucket is None or not self.template.sized_knobs(k):
             return False
+        return k.split_k == 1 or self._bucket_kernels(k) is not None
+
+    def _bucket_kernels(self, k: TileKnobs) -> Generated | None:
+        """The bucket's kernels of config `k` (taking their sizes at run time), None where the piece or the
+        config does not allow them; memoized per config (the piece's focused copies share the memo)."""
+        memo = self.__dict__.setdefault("_bucket_memo", {})
+        if k in memo:
+            return memo[k]
+        found = None
+        gp, origin = self.bucket or (None, None)
+        if gp is not None and origin is not None and self.template.sized_knobs(k) and self._partials_fit(k):
+            bucket = MatmulMatch(self.template, gp, self.device)
+            bucket.sizes = Sizes(origin)  # (its own: the parameters named in the order this kernel uses them)
+            try:
+                generated = bucket.kernels(k)
+            except TypeError:  # a decision on a dynamic size (an epilogue op's, partials'): at the shape
+                pass
+            else:
+                found = generated if generated.sized else None
+        memo[k] = found  # (one assignment: a thread reading the memo meanwhile computes it too)
+        return found
+
+    def _partials_fit(self, k: TileKnobs) -> bool:
         if k.split_k == 1:
             return True
+        assert self.bucket is not None
         gp, origin = self.bucket
         sp = gp.space
         return (
@@ -235,18 +261,11 @@ class MatmulMatch(TileMatch):
 
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
-        (`one_kernel`), else the kernels at the piece's shape."""
-        if self.bucket is not None and self.one_kernel(k):
-            gp, origin = self.bucket
-            bucket = MatmulMatch(self.template, gp, self.device)
-            bucket.sizes = Sizes(origin)  # (its own: the parameters are named in the order this kernel uses them)
-            try:
-                generated = bucket.kernels(k)
-            except TypeError:  # a decision on a dynamic size (an epilogue op's, partials'): at the shape
-                pass
-            else:
-                if generated.sized:
-                    return generated
+        (`_bucket_kernels`), else the kernels at the piece's shape."""
+        if self.bucket is not None and self.template.sized_knobs(k):
+            generated = self._bucket_kernels(k)
+            if generated is not None:
+                return generated
         return super().kernels(k)
 
     def _cost(self, c: TileKnobs, moved_bytes: int | None = None, sample: BucketSample | None = None) -> float:
