@@ -165,8 +165,8 @@ class MatmulTemplate(TileTemplate):
 
 BUCKET_SAMPLES = 5  # shapes across a dynamic plan's bucket at which its GEMM tiles are weighed (MatmulMatch._weighed)
 # The most bytes a bucket kernel's split-K partials may take: they are laid out for the bucket's largest
-# shape, where a split rarely pays (the Llama's down projection split 4 at the bucket of up to 4,096 rows:
-# 64 MiB), so larger ones are generated at each shape instead.
+# shape, where a split rarely pays (the Llama's down projection split 4-8 at the bucket of up to 4,096 rows:
+# 64-128 MiB, in the one scratch region the plan's steps share), so larger ones are generated at each shape.
 SPLIT_PARTIALS_BYTES = 128 << 20
 
 
@@ -249,6 +249,7 @@ class MatmulMatch(TileMatch):
         return found
 
     def _partials_fit(self, k: TileKnobs) -> bool:
+        """Whether split-K's partials at the bucket's largest shape are within SPLIT_PARTIALS_BYTES."""
         if k.split_k == 1:
             return True
         assert self.bucket is not None
@@ -262,11 +263,8 @@ class MatmulMatch(TileMatch):
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
         (`_bucket_kernels`), else the kernels at the piece's shape."""
-        if self.bucket is not None and self.template.sized_knobs(k):
-            generated = self._bucket_kernels(k)
-            if generated is not None:
-                return generated
-        return super().kernels(k)
+        generated = self._bucket_kernels(k)
+        return generated if generated is not None else super().kernels(k)
 
     def _cost(self, c: TileKnobs, moved_bytes: int | None = None, sample: BucketSample | None = None) -> float:
         """The cost model's µs: products beside the main op (siblings) as one product of their columns
@@ -413,9 +411,10 @@ class MatmulMatch(TileMatch):
 
     def _per_shape(self, c: TileKnobs) -> bool:
         # A bucket's piece ranks the configs of one kernel for the whole bucket first (unsplit versions of
-        # the split ones offered too). The others (split-K, device-side TMA) are generated and compiled
-        # again at every new shape, and the estimate ranking them is the hint's: an fp32 GEMM of M 48 (the
-        # hint of M 1..4096) chose split-K 4, then run at M 4096 too.
+        # the split ones offered too). The others (device-side TMA, split-K whose partials outgrow the cap or
+        # whose epilogue is made per shape: `one_kernel`) are generated and compiled again at every new shape,
+        # and the estimate ranking them is the hint's: an fp32 GEMM of M 48 (the hint of M 1..4096) chose
+        # split-K 4, then run at M 4096 too.
         return self.bucket is not None and not self.one_kernel(c)
 
     def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
