@@ -7,9 +7,11 @@ and saves what the test compares (torch.save of a dict: scenario -> results)."""
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import sys
 import traceback
+from datetime import timedelta
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -299,6 +301,12 @@ def main(argv):
                 results[name] = {"traceback": traceback.format_exc()}
                 break  # the other rank may be waiting in a collective: stop here, the test reports it
         torch.save(results, out_file)
+        # Every rank done with the group before any destroys it: with gloo, a rank that tears down while
+        # its peer is still inside a collective aborts in gloo's threads ("terminate called", CI's red of
+        # 2026-12-01). The steps and DDP's reducer hold the group: none may outlive its destruction. A
+        # monitored barrier: a rank that stopped early (its traceback saved) does not hang the other.
+        gc.collect()
+        dist.monitored_barrier(timeout=timedelta(seconds=120))
     finally:
         dist.destroy_process_group()
 
