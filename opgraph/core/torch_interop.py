@@ -4,7 +4,7 @@ Imports torch when called."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,11 +53,13 @@ def torch_to_numpy(t: Any) -> np.ndarray:
     return out
 
 
-def is_dense(t: Any) -> bool:
+def is_dense(t: Any, as_int: Callable[[Any], int] = int) -> bool:
     """Whether torch tensor `t`'s elements fill its storage span once each (its strides a permutation
-    of a packed layout's: contiguous, channels_last and the like)."""
+    of a packed layout's: contiguous, channels_last and the like). `as_int`: a size's value (symbolic
+    sizes: their hints)."""
     expected = 1
-    for stride, size in sorted((int(s), int(d)) for d, s in zip(t.shape, t.stride()) if int(d) != 1):
+    sizes = [(as_int(s), as_int(d)) for d, s in zip(t.shape, t.stride())]
+    for stride, size in sorted((s, d) for s, d in sizes if d != 1):
         if stride != expected:
             return False
         expected *= size

@@ -29,6 +29,7 @@ from typing import Any
 from .torch_importer import Args, Importer, Untranslatable, Value, og_dims
 from .torch_ops import op
 from .torch_ops_attention import attention_operands, attention_options
+from .torch_symbolic import to_shape
 
 FORWARD = {  # op -> its mask argument
     "_scaled_dot_product_flash_attention": None,
@@ -120,7 +121,7 @@ def _checked(a: Args) -> tuple[Value, Value, Value]:
 
 
 def _result_shape(node: Any, index: int) -> tuple[int, ...]:
-    return tuple(int(d) for d in node.meta["val"][index].shape)
+    return to_shape(node.meta["val"][index].shape)
 
 
 def _forward(imp: Importer, node: Any, a: Args, mask_key: str | None) -> list[Any]:

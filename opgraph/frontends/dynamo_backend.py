@@ -16,14 +16,20 @@ How a model runs:
    translates runs as opgraph plans, every other node stays in PyTorch (opgraph.frontends.
    dynamo_partition). Plans are built at compile time, once per graph and guard set (Dynamo caches
    the compiled graph against its guards).
-4. Shapes are static: a new input shape is a recompile (Dynamo's guards), reported on the
-   `opgraph.dynamo` logger; a graph Dynamo made dynamic is compiled once per concrete shape met,
-   also reported. (One plan per shape until dynamic shapes land.)
+4. Shapes: a graph of static shapes gets static plans, and a new input shape is a recompile
+   (Dynamo's guards), reported on the `opgraph.dynamo` logger. A graph Dynamo made dynamic
+   (`dynamic=True`, a second shape met under automatic dynamic shapes, `torch._dynamo.mark_dynamic`)
+   is compiled once: each partition is one dynamic plan (opgraph.Dim dims: kernels per bucket, not per
+   shape) over its shape symbols' ranges. `mark_dynamic(x, axis, min=, max=)` bounds a range; a range
+   torch leaves open is taken to the next power of two at least twice the size met, and a partition
+   that meets a larger size builds again over a doubled range (logged; `PlanModule.widened`).
 
 Options, as `torch.compile(model, backend="opgraph", options={...})`:
     "cudagraphs": bool     replay each compiled graph as a CUDA graph (PyTorch's CUDA graph trees, as
                            mode="reduce-overhead" does; `mode="reduce-overhead"` turns it on too)
     "engines": [str]       the engines plans may use, in order (Graph.build's `engines`)
+    "dynamic_plans": bool  dynamic plans for graphs Dynamo made dynamic (default True); False compiles
+                           such a graph once per concrete input shape met, with static plans
     any other key          a build option passed to Graph.build (autotune, heur_mode, deselect_engines,
                            by_reference, ...); `mode="max-autotune"` sets autotune=True.
 
@@ -47,7 +53,7 @@ from .dynamo_partition import GraphReport, compile_graph, reserve
 log = logging.getLogger("opgraph.dynamo")
 
 _REPORTS: list[GraphReport] = []
-_OWN_KEYS = ("cudagraphs", "engines")
+_OWN_KEYS = ("cudagraphs", "engines", "dynamic_plans")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class BackendOptions:
     cudagraphs: bool = False
     engines: tuple[str, ...] | None = None
     build: tuple[tuple[str, Any], ...] = ()
+    dynamic_plans: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None = None, mode: str | None = None) -> BackendOptions:
@@ -79,8 +86,9 @@ class BackendOptions:
         if isinstance(engines, str):
             engines = [engines]
         cudagraphs = bool(settings.pop("cudagraphs", False))
+        dynamic_plans = bool(settings.pop("dynamic_plans", True))
         build = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in settings.items()))
-        return cls(cudagraphs, None if engines is None else tuple(engines), build)
+        return cls(cudagraphs, None if engines is None else tuple(engines), build, dynamic_plans)
 
 
 def reports() -> list[GraphReport]:
@@ -100,12 +108,16 @@ def torch_backend(
     opts = BackendOptions.parse(options, mode)
     compile_id = _compile_id()
     if any(_symbolic(x) for x in example_inputs):
+        if not opts.dynamic_plans:
+            log.info(
+                "opgraph: graph %s is dynamic; compiled once per input shape met (dynamic_plans=False)", compile_id
+            )
+            return _PerShape(gm, opts)
         log.info(
-            "opgraph: graph %s is dynamic; it is compiled once per input shape met (one plan per shape "
-            "until dynamic shapes land)",
+            "opgraph: graph %s is dynamic (input shapes %s); its partitions are dynamic plans",
             compile_id,
+            [tuple(str(d) for d in x.shape) for x in example_inputs if hasattr(x, "shape")],
         )
-        return _PerShape(gm, opts)
     if compile_id is not None and compile_id.frame_compile_id:
         log.info(
             "opgraph: recompiling frame %s (compile %s) for input shapes %s",
@@ -162,6 +174,7 @@ def _compile(kind: str, opts: BackendOptions, gm: Any, example_inputs: Sequence[
             engines=opts.engines,
             build_options=dict(opts.build),
             user_outputs=_user_outputs(kind),
+            dynamic=any(_symbolic(x) for x in example_inputs),
         )
     _REPORTS.append(report)
     log.info("opgraph: %s", report.summary())

@@ -26,12 +26,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import GraphError
+from ..core.errors import GraphError, UnsupportedGraphError, VariantPackError
+from ..core.symbolic import INT64_MAX
 from .aot_attention import FREED, free_attention_state
-from .fx_graph import import_fx, translatable
+from .fx_graph import examples, import_fx, translatable
 from .fx_linear import fold_linear_views
 from .fx_tidy import VIEWS, tidy
 from .torch_runtime import ImportedGraph
+from .torch_symbolic import fx_symbol_table
 
 log = logging.getLogger("opgraph.dynamo")
 
@@ -70,17 +72,20 @@ class Fallback:
 
 @dataclass(frozen=True)
 class PartitionReport:
-    """A partition run by opgraph: its submodule name, the aten ops it holds (target x count) and its
-    plan's steps per engine."""
+    """A partition run by opgraph: its submodule name, the aten ops it holds (target x count), its
+    plan's steps per engine and, for a dynamic plan, its dims (name, lowest, highest) at compile time."""
 
     name: str
     nodes: int
     ops: tuple[tuple[str, int], ...]
     engines: tuple[tuple[str, int], ...]
+    dims: tuple[tuple[str, int, int], ...] = ()
 
     def __str__(self) -> str:
         engines = ", ".join(f"{e} x{n}" for e, n in self.engines)
-        return f"{self.name}: {self.nodes} node(s) as {sum(n for _, n in self.engines)} plan step(s) ({engines})"
+        dims = ", ".join(f"{n} {lo}..{hi}" for n, lo, hi in self.dims)
+        over = f", a dynamic plan over {dims}" if dims else ""
+        return f"{self.name}: {self.nodes} node(s) as {sum(n for _, n in self.engines)} plan step(s) ({engines}{over})"
 
 
 @dataclass
@@ -92,7 +97,7 @@ class GraphReport:
 
     kind: str
     index: int
-    shapes: tuple[tuple[int, ...], ...]
+    shapes: tuple[tuple[int | str, ...], ...]  # (a symbolic size as torch names it: s77)
     nodes: int = 0
     partitions: list[PartitionReport] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
@@ -116,36 +121,88 @@ class GraphReport:
 
 class PlanModule:
     """Runs one partition (an `ImportedGraph` of its FX submodule) as an opgraph plan; callable like
-    the submodule it replaces (a tuple of outputs, or the one output bare, as the submodule returns)."""
+    the submodule it replaces (a tuple of outputs, or the one output bare, as the submodule returns).
 
-    def __init__(self, imported: ImportedGraph, plan: Any, fallback: Any, name: str, device: Any) -> None:
+    A partition of a graph torch.compile made dynamic runs one dynamic plan over its dims' ranges: the
+    layouts of its inputs, outputs and results are evaluated once per shape met. A call whose sizes lie
+    above a range that torch left open (`fx_symbol_table`) builds the partition again over a wider one
+    (`widen`, reported on the `opgraph.dynamo` logger), once per doubling, never per shape."""
+
+    def __init__(
+        self, imported: ImportedGraph, plan: Any, fallback: Any, name: str, device: Any, widen: Any = None
+    ) -> None:
         import torch
 
-        self.imported = imported
         self.device = device
-        self.plan = plan
         self.fallback = fallback  # the FX submodule: PyTorch runs it if the plan ever fails
         self.name = name
         self.failed = False
-        final = imported.graph.final
+        self.widened = 0
+        self._widen = widen  # (sizes met -> (imported, plan) over ranges holding them), dynamic partitions
         self._torch = torch
-        self._inputs = []
-        for i, handle in enumerate(imported._input_slots):
-            if handle is not None:
-                d = final.tensors[handle.known_uid()]
-                self._inputs.append((i, d.uid, tuple(d.dim), tuple(d.stride)))
-        self._outputs = [
-            (u, final.tensors[u].dim, final.tensors[u].stride, final.tensors[u].data_type.to_torch())
-            for u in final.outputs
-        ]
-        self._leaves = [
-            (None, leaf.value) if leaf.tensor is None else (leaf.tensor.known_uid(), leaf.shape)
-            for leaf in imported._output_leaves
-        ]
-        self._bound = [(h.known_uid(), s) for h, s in imported.bound_inputs]
         self._release = False  # (reserve: the plan forgets each call's buffers after it)
         output = next(n for n in fallback.graph.nodes if n.op == "output")
         self._single = not isinstance(output.args[0], (tuple, list))  # (the submodule returns one value bare)
+        self._adopt(imported, plan)
+
+    def _adopt(self, imported: ImportedGraph, plan: Any) -> None:
+        self.imported = imported
+        self.plan = plan
+        self._layouts: dict[tuple, tuple] = {}
+        self._bound = [(h.known_uid(), s) for h, s in imported.bound_inputs]
+        self._static = None if imported.dynamic else self._layout({})
+        self._sizes = _size_inputs(self.fallback, imported) if imported.dynamic else []
+        if self._release:  # (a plan built again after `reserve`: reserved as its predecessor was)
+            self.reserve()
+
+    def _env(self, args: Sequence[Any], ranges: Any = None) -> dict[str, int]:
+        """The dims' values a call's tensors and size arguments give (size arguments: where a tensor
+        input holds only a product, `s0*s1`, as a linear layer's flattened input does)."""
+        from ..core.symbolic_solve import Observed, solve
+
+        observed = self.imported._observed(args)
+        observed += [Observed(expr, int(args[i]), f"size argument {where}") for i, expr, where in self._sizes]
+        return solve(observed, ranges=ranges)
+
+    def _layout(self, env: Mapping[str, int]) -> tuple[list, list, list]:
+        """At the dims' values `env` ({} for a static plan): (input position, uid, dims, strides) per
+        input, (uid, dims, strides, dtype) per output, (uid or None, shape or value) per result."""
+        from ..core.symbolic import evaluate
+        from .torch_runpack import _layout
+
+        final = self.imported.graph.final
+        inputs = []
+        for i, handle in enumerate(self.imported._input_slots):
+            if handle is not None:
+                d = final.tensors[handle.known_uid()]
+                inputs.append((i, d.uid, *_layout(d, env)))
+        outputs = [(u, *_layout(final.tensors[u], env), final.tensors[u].data_type.to_torch()) for u in final.outputs]
+        leaves = [
+            (None, leaf.value)
+            if leaf.tensor is None
+            else (leaf.tensor.known_uid(), tuple(evaluate(d, env) for d in leaf.shape) if env else leaf.shape)
+            for leaf in self.imported._output_leaves
+        ]
+        return inputs, outputs, leaves
+
+    def _layout_at(self, args: Sequence[Any]) -> tuple[list, list, list]:
+        key = tuple(tuple(a.shape) if isinstance(a, self._torch.Tensor) else a for a in args)
+        found = self._layouts.get(key)
+        if found is None:
+            try:
+                env = self._env(args)
+            except VariantPackError as err:
+                if err.rule != "pack.dim_range" or self._widen is None:
+                    raise
+                sizes = self._env(args, {name: (1, INT64_MAX) for name in self.imported.symbols})
+                log.info("opgraph: partition %s met sizes %s outside its ranges; building it again", self.name, sizes)
+                self._adopt(*self._widen(sizes))
+                self.widened += 1
+                env = self._env(args)  # (a range torch bounded stays as it was: out of it still, this raises)
+            if len(self._layouts) >= 64:
+                self._layouts.pop(next(iter(self._layouts)))
+            found = self._layouts[key] = self._layout(env)
+        return found
 
     def reserve(self) -> None:
         """Before PyTorch's CUDA graph trees record the first calls in their private pool, which must
@@ -161,10 +218,31 @@ class PlanModule:
     def __call__(self, *args: Any) -> Any:
         if self.failed:
             return self.fallback(*args)
+        try:
+            pack, leaves = self._pack(args)
+            self.plan.execute(pack)
+        except Exception as err:  # noqa: BLE001 - any failure: PyTorch runs the partition from now on
+            self.failed = True
+            log.warning(
+                "opgraph: partition %s failed to run (%s: %s); PyTorch runs it from now on",
+                self.name,
+                type(err).__name__,
+                str(err).splitlines()[0] if str(err) else "",
+            )
+            return self.fallback(*args)
+        if self._release:
+            self.plan.release()
+        outs = tuple(value if uid is None else pack[uid].view(value) for uid, value in leaves)
+        return outs[0] if self._single else outs
+
+    def _pack(self, args: Sequence[Any]) -> tuple[dict[int, Any], list]:
+        """The variant pack of a call (inputs bound as they come where their layout is the plan's,
+        fresh outputs) and the results' (uid, shape) to view them as."""
         torch = self._torch
+        inputs, outputs, leaves = self._static or self._layout_at(args)
         pack: dict[int, Any] = {}
         device = self.device
-        for i, uid, dim, stride in self._inputs:
+        for i, uid, dim, stride in inputs:
             x = args[i]
             if x.shape == dim and x.stride() == stride:  # (as traced: most inputs, at every call)
                 pack[uid] = x
@@ -178,23 +256,9 @@ class PlanModule:
             cache: dict = {}
             for uid, source in self._bound:
                 pack[uid] = self.imported._resolve(source, cache, {}, device, None)
-        for uid, dim, stride, dtype in self._outputs:
+        for uid, dim, stride, dtype in outputs:
             pack[uid] = torch.empty_strided(dim, stride, dtype=dtype, device=device)
-        try:
-            self.plan.execute(pack)
-        except Exception as err:  # noqa: BLE001 - any failure: PyTorch runs the partition from now on
-            self.failed = True
-            log.warning(
-                "opgraph: partition %s failed to run (%s: %s); PyTorch runs it from now on",
-                self.name,
-                type(err).__name__,
-                str(err).splitlines()[0] if str(err) else "",
-            )
-            return self.fallback(*args)
-        if self._release:
-            self.plan.release()
-        outs = tuple(value if uid is None else pack[uid].view(value) for uid, value in self._leaves)
-        return outs[0] if self._single else outs
+        return pack, leaves
 
 
 # -- partitioning ------------------------------------------------------------------------------------
@@ -215,8 +279,9 @@ def _computes(nodes: Sequence[Any]) -> bool:
     return any(n.op == "call_function" and _base(n) not in VIEW_OPS for n in nodes)
 
 
-def _supported(refused: Mapping[str, str], node: Any) -> bool:
-    """The partitioner's operator support: translatable, with static tensor values, not found wanting."""
+def _supported(refused: Mapping[str, str], node: Any, dynamic: bool = False) -> bool:
+    """The partitioner's operator support: translatable, with tensor values (of static sizes unless
+    `dynamic`), not found wanting."""
     import torch
 
     if node.name in refused or node.op != "call_function" or not translatable(node) or node.meta.get(FREED):
@@ -225,9 +290,15 @@ def _supported(refused: Mapping[str, str], node: Any) -> bool:
     vals = val if isinstance(val, (list, tuple)) else [val]
     if isinstance(val, (list, tuple)) and node.users and all(u.target is operator.getitem for u in node.users):
         vals = [val[u.args[1]] for u in node.users]  # the results read (an attention kernel's RNG state may not be)
-    # symbolic shapes (a dynamic graph), empty tensors and non-tensor results stay in PyTorch
+    # empty tensors, non-tensor results and, unless dynamic, symbolic sizes stay in PyTorch (a symbolic
+    # size is never 0 or 1: torch.compile specializes those)
     return all(
-        v is None or (isinstance(v, torch.Tensor) and all(isinstance(d, int) and d > 0 for d in v.shape)) for v in vals
+        v is None
+        or (
+            isinstance(v, torch.Tensor)
+            and all(d > 0 if isinstance(d, int) else dynamic and isinstance(d, torch.SymInt) for d in v.shape)
+        )
+        for v in vals
     )
 
 
@@ -256,11 +327,14 @@ def compile_graph(
     engines: Sequence[str] | None,
     build_options: Mapping[str, Any],
     user_outputs: Collection[int] | None = None,
+    dynamic: bool = False,
 ) -> tuple[Any, GraphReport]:
     """Partition `gm` (an AOTAutograd GraphModule; modified in place), build a plan per partition and
     return the fused GraphModule, whose partitions are `PlanModule`s, with its report. `user_outputs`: the
     positions of the graph's results its caller sees (None: all; a training forward's others are saved
-    for the backward)."""
+    for the backward). `dynamic`: nodes of symbolic sizes (a graph torch.compile made dynamic) join
+    partitions too, each partition a dynamic plan over its shape symbols' ranges (`fx_symbol_table`);
+    otherwise they stay in PyTorch."""
     from torch.fx.node import _get_qualified_name
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import create_op_support
@@ -272,7 +346,9 @@ def compile_graph(
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n.name: i for i, n in enumerate(calls)}
     shapes = tuple(
-        tuple(int(d) for d in n.meta["val"].shape) if hasattr(n.meta.get("val"), "shape") else ()
+        tuple(d if isinstance(d, int) else str(d) for d in n.meta["val"].shape)
+        if hasattr(n.meta.get("val"), "shape")
+        else ()
         for n in gm.graph.nodes
         if n.op == "placeholder"
     )
@@ -283,7 +359,7 @@ def compile_graph(
     # views at a partition's edge stay in PyTorch (a transposed weight read in place, not copied in or out)
     views = sorted({_get_qualified_name(n.target) for n in calls if _base(n) in VIEW_OPS})
     for _round in range(len(calls) + 1):
-        support = create_op_support(functools.partial(lambda r, _subs, n: _supported(r, n), dict(refused)))
+        support = create_op_support(functools.partial(lambda r, _subs, n: _supported(r, n, dynamic), dict(refused)))
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True, non_compute_ops=views)
         partitions = partitioner.propose_partitions()
         partitioner.remove_bookend_non_compute_ops(partitions)
@@ -297,7 +373,7 @@ def compile_graph(
             # (the node order fuse_by_partitions will use: the same placeholders, in the same order)
             sub, _, _ = fuse_as_graphmodule(gm, topo_sort(nodes), f"opgraph_{i}")
             _in_program_order(sub, position)
-            outcome = _import_partition(sub, engines, build_options)
+            outcome = _import_partition(sub, engines, build_options, dynamic)
             if isinstance(outcome, dict):
                 refused.update(outcome or dict.fromkeys(names, "the partition did not import"))
                 again = True
@@ -314,13 +390,14 @@ def compile_graph(
         sub = getattr(fused, name)
         if _placeholders(sub) != placeholders:  # (made in the order of first use: the plan's input slots)
             _in_program_order(sub, position)
-            outcome = _import_partition(sub, engines, build_options)
+            outcome = _import_partition(sub, engines, build_options, dynamic)
             if isinstance(outcome, dict):  # (the same nodes imported before: not expected)
                 continue
             imported, plan, device, _ = outcome
+        widen = _widener(sub, engines, build_options) if imported.dynamic else None
         fused.delete_submodule(name)
-        fused.add_submodule(name, as_module(PlanModule(imported, plan, sub, name, device)))
-        report.partitions.append(_partition_report(name, sub, plan))
+        fused.add_submodule(name, as_module(PlanModule(imported, plan, sub, name, device, widen)))
+        report.partitions.append(_partition_report(name, sub, plan, imported))
     fused.recompile()
     return fused, report
 
@@ -341,10 +418,40 @@ def _account(report: GraphReport, calls: list[Any], proposed: list[list[Any]], r
             continue
         if n.name in refused:
             report.fallbacks.append(Fallback(n.name, _target(n), refused[n.name]))
-        elif _base(n) in VIEW_OPS or _supported({}, n) or _empty(n):
-            report.views += 1  # a view, an empty tensor, or translatable but in a partition of views alone
+        elif _base(n) in VIEW_OPS or _supported({}, n) or _empty(n) or _size_arithmetic(n):
+            # a view, an empty tensor, sizes computed on the host, or translatable but in a partition of
+            # views alone
+            report.views += 1
         else:
             report.fallbacks.append(Fallback(n.name, _target(n), _why_not(n)))
+
+
+def _size_inputs(sub: Any, imported: ImportedGraph) -> list[tuple[int, Any, str]]:
+    """(position, the size as an expression of the plan's dims, name) of each size argument (a
+    `torch.SymInt` placeholder) of a dynamic partition whose symbols are all the plan's dims."""
+    import torch
+
+    from .torch_symbolic import SymbolTable, active, to_symint
+
+    dims = imported.symbols
+    out = []
+    for i, n in enumerate(n for n in sub.graph.nodes if n.op == "placeholder"):
+        val = n.meta.get("val")
+        if not isinstance(val, torch.SymInt):
+            continue
+        symbols = val.node.expr.free_symbols
+        if not symbols or any(str(sym) not in dims for sym in symbols):
+            continue
+        with active(SymbolTable({sym: dims[str(sym)] for sym in symbols})):
+            out.append((i, to_symint(val), n.name))
+    return out
+
+
+def _size_arithmetic(node: Any) -> bool:
+    """A node computing a size (a dynamic graph's `s0 * s1`, `sym_size`): host arithmetic on ints."""
+    import torch
+
+    return isinstance(node.meta.get("val"), torch.SymInt)
 
 
 def _empty(node: Any) -> bool:
@@ -379,7 +486,7 @@ def _body(sub: Any) -> list[str]:
     return [n.name for n in sub.graph.nodes if n.op == "call_function"]
 
 
-def _partition_report(name: str, sub: Any, plan: Any) -> PartitionReport:
+def _partition_report(name: str, sub: Any, plan: Any, imported: ImportedGraph) -> PartitionReport:
     counts: dict[str, int] = {}
     for n in sub.graph.nodes:
         if n.op == "call_function":
@@ -387,7 +494,10 @@ def _partition_report(name: str, sub: Any, plan: Any) -> PartitionReport:
     engines: dict[str, int] = {}
     for step in plan.steps:
         engines[step.config.engine] = engines.get(step.config.engine, 0) + 1
-    return PartitionReport(name, sum(counts.values()), tuple(sorted(counts.items())), tuple(sorted(engines.items())))
+    dims = tuple((d.name, d.min, d.max) for d in imported.symbols.values())
+    return PartitionReport(
+        name, sum(counts.values()), tuple(sorted(counts.items())), tuple(sorted(engines.items())), dims
+    )
 
 
 def _why_not(node: Any) -> str:
@@ -401,17 +511,23 @@ def _why_not(node: Any) -> str:
 
 
 def _import_partition(
-    sub: Any, engines: Sequence[str] | None, build_options: Mapping[str, Any]
+    sub: Any,
+    engines: Sequence[str] | None,
+    build_options: Mapping[str, Any],
+    dynamic: bool = False,
+    seen: Mapping[str, int] | None = None,
 ) -> tuple[ImportedGraph, Any, Any, list[str]] | dict[str, str]:
     """The partition imported and its plan built, or {node name: reason} for what to take out ({} when
-    the whole partition must go)."""
+    the whole partition must go). `dynamic`: its symbolic sizes become dynamic dims (`seen`: sizes met
+    above the ranges torch left open, which the new ones must hold)."""
     device = _device(sub)
     if device is None:
         return {
             n.name: "its partition's tensors are on several devices" for n in sub.graph.nodes if n.op == "call_function"
         }
+    symbols = fx_symbol_table(examples(sub), seen) if dynamic else None
     try:
-        imported = import_fx(sub, name=sub.__class__.__name__)
+        imported = import_fx(sub, name=sub.__class__.__name__, symbols=symbols if symbols and symbols.dims else None)
     except GraphError as err:
         if err.rule == "import.fx_node":
             return {err.op: f"translation failed: {err.detail}"}
@@ -424,6 +540,25 @@ def _import_partition(
     except GraphError as err:
         return _culprit(err, sub, "no plan")
     return imported, plan, device, _placeholders(sub)
+
+
+def _widener(sub: Any, engines: Sequence[str] | None, build_options: Mapping[str, Any]) -> Any:
+    """A dynamic partition's rebuild over wider ranges: sizes met -> (imported, plan) whose ranges hold
+    them and every size met before."""
+    seen: dict[str, int] = {}
+
+    def widen(sizes: Mapping[str, int]) -> tuple[ImportedGraph, Any]:
+        for name, size in sizes.items():
+            seen[name] = max(size, seen.get(name, 0))
+        outcome = _import_partition(sub, engines, build_options, True, seen)
+        if isinstance(outcome, dict):
+            raise UnsupportedGraphError(
+                f"the partition did not build over wider ranges ({next(iter(outcome.values()), 'no reason')})",
+                rule="dynamo.widen",
+            )
+        return outcome[0], outcome[1]
+
+    return widen
 
 
 def _culprit(err: GraphError, sub: Any, what: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from typing import Any
 from ..core.errors import UnsupportedGraphError
 from ..core.torch_interop import is_dense
 from .torch_runtime import ImportedGraph
+from .torch_symbolic import SymbolTable, active, to_shape
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,24 @@ def examples(gm: Any) -> list[Any]:
     return values
 
 
-def import_fx(gm: Any, example_inputs: Sequence[Any] | None = None, *, name: str | None = None) -> ImportedGraph:
+def import_fx(
+    gm: Any,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    name: str | None = None,
+    symbols: SymbolTable | None = None,
+) -> ImportedGraph:
     """Translate an FX GraphModule of aten ops into an `ImportedGraph` whose inputs are the graph's
     placeholders, in order, and whose outputs are the graph's outputs, as a flat tuple (`run` and
     `unpack` give a tuple; a non-tensor output, e.g. AOTAutograd's None gradient, stays as it is).
-    `example_inputs`: the placeholders' values (default: their traced `meta['val']`)."""
+    `example_inputs`: the placeholders' values (default: their traced `meta['val']`). `symbols`: the
+    Dims of the graph's shape symbols (`fx_symbol_table`) for a graph torch.compile made dynamic: its
+    symbolic sizes become the graph's dynamic dims."""
+    with active(symbols):
+        return _import_fx(gm, example_inputs, name)
+
+
+def _import_fx(gm: Any, example_inputs: Sequence[Any] | None, name: str | None) -> ImportedGraph:
     args = list(examples(gm) if example_inputs is None else example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # an argument the graph does not read (a backward graph's input used for its size only, or read by
@@ -155,11 +169,11 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
     restride = []  # decided on the validated graph first: a set_stride invalidates it
     for leaf, node in zip(imported._output_leaves, _outputs(gm)):
         meta = node.meta.get("val") if hasattr(node, "meta") else None
-        if leaf.tensor is None or meta is None or not hasattr(meta, "stride") or not is_dense(meta):
+        if leaf.tensor is None or meta is None or not hasattr(meta, "stride") or not _dense(meta):
             continue
         desc = final.tensors[leaf.tensor.known_uid()]
-        stride = tuple(int(s) for s in meta.stride()) or (1,)
-        if desc.dim == (tuple(int(d) for d in meta.shape) or (1,)) and desc.stride != stride:
+        stride = to_shape(meta.stride()) or (1,)
+        if desc.dim == (to_shape(meta.shape) or (1,)) and desc.stride != stride:
             restride.append((leaf.tensor, stride))
     for tensor, stride in restride:
         tensor.set_stride(stride)
@@ -167,8 +181,17 @@ def _torch_strides(imported: ImportedGraph, gm: Any) -> None:
         imported.graph.validate()
 
 
+def _dense(meta: Any) -> bool:
+    """`is_dense` of a traced value, its symbolic sizes (a graph torch.compile made dynamic) judged at
+    their hints: its layout is the same at every size, and int() of a size would add a guard."""
+    import torch
+
+    return is_dense(meta, lambda d: int(d.node.hint) if isinstance(d, torch.SymInt) else int(d))
+
+
 def _empty(example: Any) -> bool:
-    return hasattr(example, "shape") and any(int(d) == 0 for d in example.shape)
+    # (a symbolic size is never 0: torch.compile specializes 0 and 1; int() of it would add a guard)
+    return hasattr(example, "shape") and any(isinstance(d, int) and d == 0 for d in example.shape)
 
 
 def _unread(example: Any) -> Any:
@@ -176,7 +199,7 @@ def _unread(example: Any) -> Any:
 
     if isinstance(example, Value) or not hasattr(example, "shape"):
         return example
-    return Value(tuple(int(d) for d in example.shape), example.dtype)
+    return Value(to_shape(example.shape), example.dtype)
 
 
 def _unread_inputs(imp: Any, placeholders: list[Any]) -> set[int]:
@@ -208,4 +231,6 @@ def translatable(node: Any) -> bool:
     base, _ = op_key(node.target)
     if base in load_translators(aot=True):
         return True
-    return not node.all_input_nodes  # a factory: folded into a constant or a random input
+    # a factory (folded into a constant or a random input; of a dynamic size, an index along a dim):
+    # its inputs, if any, are sizes
+    return all(isinstance(n.meta.get("val"), torch.SymInt) for n in node.all_input_nodes)

@@ -101,7 +101,15 @@ _WIDER = {"bfloat16": ("float32", "float64"), "float16": ("float32", "float64"),
 
 @op("_to_copy", "to", "type_as")
 def _cast(imp: Importer, node: Any, a: Args) -> Any:
-    x = a["self"]
+    return _cast_to(imp, node, a["self"])
+
+
+@op("prims::convert_element_type")  # (AOTAutograd's decompositions of casts in graphs of symbolic sizes)
+def _convert_element_type(imp: Importer, node: Any, a: Args) -> Any:
+    return _cast_to(imp, node, a["a"])
+
+
+def _cast_to(imp: Importer, node: Any, x: Any) -> Any:
     dtype = _meta(node).dtype
     if dtype == x.dtype:
         return x

@@ -285,9 +285,20 @@ class ImportedGraph:
         found = self._shape_envs.get(key)
         if found is not None:
             return dict(found)
-        from ..core.symbolic import Expr
-        from ..core.symbolic_solve import Observed, solve
+        from ..core.symbolic_solve import solve
 
+        env = solve(self._observed(leaves))
+        if len(self._shape_envs) >= 64:
+            self._shape_envs.pop(next(iter(self._shape_envs)))
+        self._shape_envs[key] = env
+        return dict(env)
+
+    def _observed(self, leaves: Sequence[Any]) -> list[Any]:
+        """The sizes the user inputs (flattened leaves) have on the axes of dynamic dims, to solve."""
+        from ..core.symbolic import Expr
+        from ..core.symbolic_solve import Observed
+
+        final = self.graph.final
         observed = []
         for handle, value in zip(self._input_slots, leaves):
             if handle is None or not hasattr(value, "shape"):
@@ -307,11 +318,7 @@ class ImportedGraph:
                 for axis, (d, n) in enumerate(zip(desc.dim, shape))
                 if isinstance(d, Expr)
             ]
-        env = solve(observed)
-        if len(self._shape_envs) >= 64:
-            self._shape_envs.pop(next(iter(self._shape_envs)))
-        self._shape_envs[key] = env
-        return dict(env)
+        return observed
 
     def _flat_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         from torch.utils import _pytree as pytree

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -262,3 +262,51 @@ def _finite(bound: Any) -> int | None:
 
 def _fallback_name(sym: str, where: str) -> str:
     return sym if sym.isidentifier() else "d_" + "".join(c if c.isalnum() else "_" for c in where)
+
+
+# -- torch.compile's dynamic graphs --------------------------------------------------------------------
+
+MIN_OPEN_UPPER = 16  # the least provisional upper end of a dim torch.compile left unbounded
+
+
+def open_upper(size: int) -> int:
+    """The provisional upper end of a dim with no upper bound, for `size` (the largest met): the next
+    power of two at least twice it (so a range grows a few times over a workload, never per shape)."""
+    return max(MIN_OPEN_UPPER, 1 << (2 * max(size, 1) - 1).bit_length())
+
+
+def fx_symbol_table(values: Sequence[Any], seen: Mapping[str, int] | None = None) -> SymbolTable:
+    """The Dims of the shape symbols in the placeholder values of a graph torch.compile made dynamic
+    (fake tensors with symbolic sizes, `torch.SymInt`s), named as torch names them (`s77`), ranges from
+    the graph's ShapeEnv (`torch._dynamo.mark_dynamic(x, axis, min=, max=)` sets them). A symbol with
+    no upper bound (`dynamic=True`, automatic dynamic shapes) gets a provisional one, `open_upper` of
+    the larger of its hint and `seen[name]` (the sizes a call outside the last range met), noted in
+    the table."""
+    import torch
+
+    seen = seen or {}
+    found: dict[Any, Any] = {}  # symbol -> its ShapeEnv, in order of first appearance
+    for value in values:
+        sizes: list[Any] = []
+        if isinstance(value, torch.SymInt):
+            sizes = [value]
+        elif isinstance(value, torch.Tensor):
+            sizes = [*value.shape, *value.stride()]
+        for d in sizes:
+            if isinstance(d, torch.SymInt):
+                for sym in sorted(d.node.expr.free_symbols, key=str):
+                    found.setdefault(sym, d.node.shape_env)
+    table = SymbolTable()
+    for sym, env in found.items():
+        vr = env.var_to_range.get(sym)
+        lower = _finite(vr.lower) if vr is not None else None
+        upper = _finite(vr.upper) if vr is not None else None
+        name = str(sym)
+        if upper is None or upper > INT64_MAX:
+            hints = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
+            hint = _finite(hints.get(sym)) or 1
+            upper = open_upper(max(hint, seen.get(name, 0)))
+            table.notes.append(f"dim '{name}' has no upper bound: {upper} for now (a larger size builds again)")
+        lower = max(1, lower or 1)
+        table.dims[sym] = Dim(name if name.isidentifier() else _fallback_name(name, "dim"), lower, max(lower, upper))
+    return table

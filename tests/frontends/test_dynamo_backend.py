@@ -212,23 +212,6 @@ def test_recompile_per_shape_is_reported(caplog):
     assert "recompiling" in caplog.text
 
 
-def test_dynamic_graph_is_compiled_per_shape(caplog):
-    torch.manual_seed(0)
-    model = mlp().double()
-    compiled = _compile(model, dynamic=True)
-    with caplog.at_level("INFO", logger="opgraph.dynamo"):
-        for rows in (5, 3, 5):
-            x = torch.randn(rows, 6, dtype=torch.float64, requires_grad=True)
-            out = compiled(x)
-            out.sum().backward()
-            y = x.detach().clone().requires_grad_()
-            model(y).sum().backward()
-            torch.testing.assert_close(out, model(y), rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=1e-12)
-    assert "dynamic" in caplog.text
-    assert caplog.text.count("compiling a dynamic graph for input shapes") == 2, caplog.text
-
-
 def test_options():
     assert BackendOptions.parse(None) == BackendOptions()
     opts = BackendOptions.parse({"engines": "torch", "autotune": True}, "reduce-overhead")
