@@ -15,6 +15,7 @@ nn = torch.nn
 from opgraph.frontends.dynamo_backend import reports  # noqa: E402
 from opgraph.frontends.torch_symbolic import MIN_OPEN_UPPER, open_upper  # noqa: E402
 
+from ..helpers import requires_interpreter  # noqa: E402
 from .compile_models import gpt, mlp, tiny_llama  # noqa: E402
 
 TOL = {"rtol": 1e-12, "atol": 1e-12}
@@ -151,3 +152,20 @@ def test_a_transformers_llama_runs_at_every_length_in_one_dynamic_plan():
     # (transformers' packed-sequence check indexes positions computed at run time)
     assert max(p.nodes for p in report.partitions) >= 0.75 * report.nodes, str(report)
     assert {f.target.split(".")[1] for f in report.fallbacks} <= {"arange", "expand", "slice", "index"}, str(report)
+
+
+@requires_interpreter
+def test_generated_kernels_take_every_shape_of_the_range():
+    """The GPU's engine (generated Triton kernels, under the interpreter here): one dynamic plan per
+    graph, its kernels run at every shape (float32)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+    compiled = torch.compile(model, backend=og.torch_backend, dynamic=True, options={"engines": ["triton", "torch"]})
+    first = len(reports())
+    for batch, seq in ((4, 7), (3, 11), (2, 13)):
+        x = torch.randn(batch, seq, 16, requires_grad=True)
+        _check_training(model, compiled, x, {"rtol": 2e-5, "atol": 2e-5})
+    made = _made(first)
+    assert sorted(r.kind for r in made) == ["backward", "forward"], [str(r) for r in made]
+    for r in made:
+        assert not r.fallbacks and all(p.dims and dict(p.engines).get("triton") for p in r.partitions), str(r)
