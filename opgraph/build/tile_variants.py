@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
+from ..core.symbolic import log_point
 from ..engines import get_engine
 
 if TYPE_CHECKING:
@@ -69,10 +70,6 @@ class TileChoice:
         return TileChoice(tuple(c for c, _ in kept), tuple(e for _, e in kept))
 
 
-def _point(ranges: Mapping[str, tuple[int, int]], t: float) -> dict[str, int]:
-    return {name: min(hi, max(lo, round(lo ** (1 - t) * hi**t))) for name, (lo, hi) in ranges.items()}
-
-
 def offer(piece: Piece, config: EngineConfig, device: Device, filters: ConfigFilter | None = None) -> TileChoice | None:
     """The configs the bucket's step of `piece` (at the bucket's hint) carries beside its `config`; None
     where it carries none (no estimate, no varying dim, or no config beats the bucket's by GAIN)."""
@@ -88,7 +85,7 @@ def offer(piece: Piece, config: EngineConfig, device: Device, filters: ConfigFil
         return None
     variants: list[EngineConfig] = []
     for t in POINTS:
-        env = {**origin.env, **_point(ranges, t)}
+        env = {**origin.env, **log_point(ranges, t)}
         bar = own(env)
         if bar is None:
             continue

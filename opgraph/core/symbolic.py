@@ -516,6 +516,11 @@ def _interval_mul(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
 MAX_CORNERS = 10  # atoms whose every corner `bounds` tries (2**10 points)
 
 
+def log_point(ranges: Ranges, t: float) -> dict[str, int]:
+    """Each symbol's value at fraction `t` of its range on a log scale (0: its lowest, 1: its highest)."""
+    return {name: min(hi, max(lo, round(lo ** (1 - t) * hi**t))) for name, (lo, hi) in ranges.items()}
+
+
 def bounds(value: SymInt | Dim, ranges: Ranges | None = None) -> tuple[int, int]:
     """(lowest, highest) that `value` can be when each symbol is in its range (or in `ranges`, by name:
     a bucket's sub-range). Sound: every value lies inside. Exact where no atom repeats in a monomial

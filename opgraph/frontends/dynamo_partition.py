@@ -527,7 +527,7 @@ def _import_partition(
         }
     symbols = fx_symbol_table(examples(sub), seen) if dynamic else None
     try:
-        imported = import_fx(sub, name=sub.__class__.__name__, symbols=symbols if symbols and symbols.dims else None)
+        imported = import_fx(sub, name=sub.__class__.__name__, symbols=symbols)
     except GraphError as err:
         if err.rule == "import.fx_node":
             return {err.op: f"translation failed: {err.detail}"}

@@ -280,8 +280,7 @@ def fx_symbol_table(values: Sequence[Any], seen: Mapping[str, int] | None = None
     (fake tensors with symbolic sizes, `torch.SymInt`s), named as torch names them (`s77`), ranges from
     the graph's ShapeEnv (`torch._dynamo.mark_dynamic(x, axis, min=, max=)` sets them). A symbol with
     no upper bound (`dynamic=True`, automatic dynamic shapes) gets a provisional one, `open_upper` of
-    the larger of its hint and `seen[name]` (the sizes a call outside the last range met), noted in
-    the table."""
+    the larger of its hint and `seen[name]` (the sizes a call outside the last range met)."""
     import torch
 
     seen = seen or {}
@@ -306,7 +305,6 @@ def fx_symbol_table(values: Sequence[Any], seen: Mapping[str, int] | None = None
             hints = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
             hint = _finite(hints.get(sym)) or 1
             upper = open_upper(max(hint, seen.get(name, 0)))
-            table.notes.append(f"dim '{name}' has no upper bound: {upper} for now (a larger size builds again)")
         lower = max(1, lower or 1)
-        table.dims[sym] = Dim(name if name.isidentifier() else _fallback_name(name, "dim"), lower, max(lower, upper))
+        table.dims[sym] = Dim(name, lower, max(lower, upper))
     return table

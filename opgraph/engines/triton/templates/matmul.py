@@ -47,7 +47,7 @@ from ....core.config import Support
 from ....core.errors import AttributeValueError
 from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
-from ....core.symbolic import Expr, bounds, evaluate
+from ....core.symbolic import Expr, bounds, evaluate, log_point
 from ....core.tensor import TensorDesc
 from ..expr import TL_DTYPE
 from ..gemm import (
@@ -272,14 +272,9 @@ class MatmulMatch(TileMatch):
         where `sample` says which (bucket_samples), else at the piece's own."""
         m, n, k, elem = self.problem
         sample = sample or self.focus
-        if sample is not None:
-            m, n, nbatch, moved = sample
-        else:
-            nbatch, moved = self.gp.space.nbatch, None
-        if moved_bytes is not None:
-            moved = moved_bytes
-        elif moved is None:
-            moved = self.gp.moved_bytes()
+        m, n, nbatch = (sample.m, sample.n, sample.nbatch) if sample else (m, n, self.gp.space.nbatch)
+        if moved_bytes is None:
+            moved_bytes = sample.moved_bytes if sample else self.gp.moved_bytes()
         width = len(self.gp.mains)
         return estimate_us(
             m,
@@ -289,7 +284,7 @@ class MatmulMatch(TileMatch):
             nprog=nbatch,
             device=self.device,
             elem_bytes=elem,
-            moved_bytes=moved,
+            moved_bytes=moved_bytes,
             latency_floor=True,
         )
 
@@ -301,13 +296,8 @@ class MatmulMatch(TileMatch):
         () off a bucket."""
         if self.bucket is None:
             return ()
-        gp, origin = self.bucket
-        ranges = origin.bucket.range_map
-        envs = [
-            {name: min(hi, max(lo, round(lo ** (1 - t) * hi**t))) for name, (lo, hi) in ranges.items()}
-            for t in (i / (BUCKET_SAMPLES - 1) for i in range(BUCKET_SAMPLES))
-        ]
-        return tuple(self.sample_at(env) for env in envs)
+        ranges = self.bucket[1].bucket.range_map
+        return tuple(self.sample_at(log_point(ranges, i / (BUCKET_SAMPLES - 1))) for i in range(BUCKET_SAMPLES))
 
     def sample_at(self, env: Mapping[str, int]) -> BucketSample:
         """The bucket's product at its shape `env` (the dynamic dims' values; `bucket` is not None)."""
