@@ -55,6 +55,13 @@ def wide_rows(g):  # the same in bf16 over rows of 64: every size a multiple of 
     y.set_data_type(og.DataType.BFLOAT16)
 
 
+def norm_apply_rows(g):  # RMSNorm's scaling over rows of 256: the row walk (ROWS x COLS tiles, rows dynamic)
+    x = g.tensor(dim=[B, S, 256], name="x")
+    ms = g.tensor(dim=[B, S, 1], name="ms")
+    w = g.tensor(dim=[1, 1, 256], name="w")
+    g.mul(g.mul(x, g.rsqrt(ms)), w).set_output(True).set_name("y")
+
+
 def channels_last(g):  # dynamic strides: [8*seq, 1, 8]
     x = g.tensor(dim=[B, 8, S], stride=[8 * S, 1, 8], name="x")
     g.exp(x).set_output(True).set_name("y")
@@ -213,6 +220,7 @@ GRAPHS = {
         per_batch_scale,
         per_row_scale,
         wide_rows,
+        norm_apply_rows,
         channels_last,
         scaled_half,
         residual_layernorm,
@@ -293,6 +301,20 @@ def test_a_per_row_value_is_addressed_by_one_division():
     assert "r0_1 = (lin // 12)" in source and "% sz" not in source and "// sz" not in source
     source = graph_of(per_batch_scale).build(device="cpu", engines=["triton"], buckets="one").at(env_of(3, 5)).source(0)
     assert "r0_1" not in source and "c0 = (lin // sz" in source
+
+
+def test_the_row_walk_takes_its_row_count_at_run_time():
+    """RMSNorm's scaling over rows of 256 in a bucket whose hint has enough rows: ROWS x COLS tiles, each
+    row's value loaded once a row, the row count and the batch run-time sizes, the columns literal; one
+    source for every shape of the bucket, each against the reference engine."""
+    from ..helpers import check_one_sized_kernel
+
+    plan = graph_of(norm_apply_rows).build(device="cpu", engines=["triton"], buckets="one")
+    at = plan.at(env_of(3, 5))
+    assert at.steps[0].config.knob("ROWS") is not None and at.steps[0].config.knob("COLS") == 256
+    source = at.source(0)
+    assert "c2 = pid_j * 256 + tl.arange(0, 256)[None, :]" in source and "mask_i = c1 < sz" in source
+    check_one_sized_kernel(plan, [env_of(b, s) for b, s in shapes()], np.random.default_rng(5), "pointwise", run=run_at)
 
 
 def test_a_bucket_compiles_at_its_first_shape_only():

@@ -33,12 +33,13 @@ from ....core.device import Device
 from ....core.errors import AttributeValueError
 from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
+from ....core.symbolic import Expr, evaluate
 from ....core.tensor import TensorDesc, packed_strides, stride_order
 from ..casts import from_storage, to_storage
 from ..expr import Emitter, compute_type, elementwise, fused_custom, node_compute_type, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
-from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
+from ..sizes import Sizes, above_one, divides, is_dynamic_desc, symbolic_piece
 from ._concat import CONCAT, FRAMED, SLICE_BACKWARD, check_frames, emit_frame, emit_node
 from ._flat_axes import packed_runs
 from ._gather import EMBEDDING, check_gathers
@@ -154,19 +155,28 @@ class TileIndexer:
     divide that axis."""
 
     def __init__(
-        self, dims: tuple[int, ...], i: int, j: int, order: tuple[int, ...], big: bool, ti: int, tj: int
+        self,
+        dims: tuple[Any, ...],
+        i: int,
+        j: int,
+        order: tuple[int, ...],
+        big: bool,
+        ti: int,
+        tj: int,
+        text: Callable[[Any], str] = str,
     ) -> None:
         self.dims, self.i, self.j, self.big, self.ti, self.tj = dims, i, j, big, ti, tj
-        self.outer = tuple(a for a in order if a not in (i, j) and dims[a] > 1)
-        self.ragged = {i: dims[i] % ti != 0, j: dims[j] % tj != 0}
+        self.outer = tuple(a for a in order if a not in (i, j) and above_one(dims[a]))
+        self.ragged = {i: not divides(ti, dims[i]), j: not divides(tj, dims[j])}
         self.needed: set[int] = set()
+        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
 
     def offset(self, desc: TensorDesc) -> str:
-        return _coordinate_offset(desc, self.needed)
+        return _coordinate_offset(desc, self.needed, self.text)
 
     def _mask(self, desc: TensorDesc) -> str | None:
         """The mask of an access to `desc`: over the tile axes it varies along, where ragged."""
-        axes = [a for a in (self.i, self.j) if desc.dim[a] > 1 and desc.stride[a] != 0 and self.ragged[a]]
+        axes = [a for a in (self.i, self.j) if above_one(desc.dim[a]) and desc.stride[a] != 0 and self.ragged[a]]
         return " & ".join(f"mask_{'i' if a == self.i else 'j'}" for a in axes) or None
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
@@ -187,31 +197,33 @@ class TileIndexer:
         self.needed.add(axis)
         return f"c{axis}"
 
-    def grid(self) -> int:
+    def grid(self) -> Any:
+        """The programs: an int, or an expression of the dynamic dims where the sizes are run-time."""
         return (
-            -(-self.dims[self.i] // self.ti)
-            * -(-self.dims[self.j] // self.tj)
+            (self.dims[self.i] + self.ti - 1)
+            // self.ti
+            * ((self.dims[self.j] + self.tj - 1) // self.tj)
             * math.prod(self.dims[a] for a in self.outer)
         )
 
     def coordinate_lines(self) -> list[str]:
-        i, j, dims, ti, tj = self.i, self.j, self.dims, self.ti, self.tj
-        nj = -(-dims[j] // tj)
-        ni = -(-dims[i] // ti)
+        i, j, dims, ti, tj, text = self.i, self.j, self.dims, self.ti, self.tj, self.text
+        nj = (dims[j] + tj - 1) // tj
+        ni = (dims[i] + ti - 1) // ti
         lines = [
             f"pid = {program_id(0, self.big)}",
-            f"pid_j = pid % {nj}",
-            f"pid_i = (pid // {nj}) % {ni}",
-            f"pid_o = pid // {nj * ni}",
+            f"pid_j = pid % {text(nj)}",
+            f"pid_i = (pid // {text(nj)}) % {text(ni)}",
+            f"pid_o = pid // {text(nj * ni)}",
             f"c{i} = pid_i * {ti} + tl.arange(0, {ti})[:, None]",
             f"c{j} = pid_j * {tj} + tl.arange(0, {tj})[None, :]",
         ]
-        lines += [f"mask_{n} = c{a} < {dims[a]}" for n, a in (("i", i), ("j", j)) if self.ragged[a]]
-        inner = 1
+        lines += [f"mask_{n} = c{a} < {text(dims[a])}" for n, a in (("i", i), ("j", j)) if self.ragged[a]]
+        inner: Any = 1
         for axis in reversed(self.outer):
-            expr = "pid_o" if inner == 1 else f"(pid_o // {inner})"
-            lines.append(f"c{axis} = {expr} % {dims[axis]}")
-            inner *= dims[axis]
+            expr = "pid_o" if inner == 1 else f"(pid_o // {text(inner)})"
+            lines.append(f"c{axis} = {expr} % {text(dims[axis])}")
+            inner = inner * dims[axis]
         return lines
 
 
@@ -489,7 +501,21 @@ class PointwiseMatch(Match[PointwiseKnobs]):
 
     @cached_property
     def rows(self) -> tuple[int, int] | None:
-        return None if self.chains or self.symbolic is not None else row_axes(self.piece, self.views)
+        """The row walk's axes (row_axes) at the piece's shape; for a bucket's piece, where its symbolic
+        first output walks the same two innermost axes, the innermost of static size (the sized row walk:
+        a dynamic row count, the columns literal)."""
+        if self.chains:
+            return None
+        found = row_axes(self.piece, self.views)
+        if found is None or self.symbolic is None:
+            return found
+        sym = self.symbolic[0]
+        first = sym.tensor(sym.outputs[0])
+        i, j = found
+        walked = tuple(a for a in stride_order(first.stride) if above_one(first.dim[a]))
+        if walked[-2:] != (i, j) or isinstance(first.dim[j], Expr) or first.stride[j] != 1:
+            return None
+        return found
 
     def candidates(self) -> list[PointwiseKnobs]:
         piece = self.piece
@@ -515,6 +541,9 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         axes = self.rows
         if axes is None:
             return flat
+        if self.symbolic is not None:  # (the bucket's hint: one choice for every shape of it)
+            sym, _, origin = self.symbolic
+            dims = tuple(Sizes(origin).hint(d) for d in sym.tensor(sym.outputs[0]).dim)
         rows, cols = dims[axes[0]], dims[axes[1]]
         tiles = [PointwiseKnobs(ROWS=ti, COLS=tj, num_warps=w) for ti, tj, w in row_tiles(rows, cols)]
         # first where a row's last tile masks little off, after the flat walk up to a quarter, else not
@@ -531,7 +560,7 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return knobs.BLOCK is not None
 
     def generate(self, knobs: PointwiseKnobs) -> Generated:
-        if self.symbolic is not None and knobs.BLOCK is not None:
+        if self.symbolic is not None and (knobs.BLOCK is not None or (knobs.ROWS is not None and self.rows)):
             piece, views, origin = self.symbolic
             return self._generate_sized(knobs, piece, views, Sizes(origin))
         piece = self.piece
@@ -577,13 +606,15 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return Generated(source, (launch,))
 
     def _generate_sized(self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes) -> Generated:
-        """The flat walk over the symbolic space of `piece` (symbolic_piece), its sizes run-time
-        arguments (sizes.py): the same source for every shape of the bucket; the grid and the size
-        values are the shape's."""
+        """The flat walk (or the row walk, knobs ROWS / COLS) over the symbolic space of `piece`
+        (symbolic_piece), its sizes run-time arguments (sizes.py): the same source for every shape of the
+        bucket; the grid and the size values are the shape's."""
         tensors = piece.graph.tensors
         first = tensors[piece.outputs[0]]
         externals = [*piece.inputs, *piece.outputs]
         big = sizes.needs_int64((tensors[u] for u in externals), lanes=2**16)
+        if knobs.ROWS is not None:
+            return self._generate_sized_rows(knobs, piece, views, sizes, big)
         flat = FlatIndexer(first.dim, stride_order(first.stride), sizes.text)
         mask = f"mask = lin < {sizes.text(math.prod(first.dim))}"
         chains = self.symbolic_chains
@@ -601,6 +632,30 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             (programs,),
             (*args, *sizes.args()),
             (("BLOCK", block), ("num_warps", knobs.warps)),
+            grid_expr=(grid,),
+        )
+        return Generated(source, (launch,))
+
+    def _generate_sized_rows(
+        self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes, big: bool
+    ) -> Generated:
+        """The row walk over the symbolic space: ROWS x COLS tiles of its two innermost axes (`rows`), the
+        row count and the outer axes run-time sizes, the columns literal."""
+        assert self.rows is not None and knobs.ROWS is not None and knobs.COLS is not None
+        first = piece.tensor(piece.outputs[0])
+        order = stride_order(first.stride)
+        indexer = TileIndexer(first.dim, *self.rows, order, big, knobs.ROWS, knobs.COLS, sizes.text)
+        lines = _emit(piece, indexer, views, None, sizes.text).lines
+        body = [*indexer.coordinate_lines(), *lines]
+        params, args = external_params(piece, [*piece.inputs, *piece.outputs])
+        params += sizes.params
+        source = module_source(sizes.declaration(), f"def kernel({', '.join(params)}):\n{indent(body)}\n")
+        grid = indexer.grid()
+        launch = Launch(
+            "kernel",
+            (evaluate(grid, sizes.env),),
+            (*args, *sizes.args()),
+            (("num_warps", knobs.warps),),
             grid_expr=(grid,),
         )
         return Generated(source, (launch,))
