@@ -30,7 +30,7 @@ from typing import Any, overload
 
 from ..core.bucket import Bucket
 from ..core.config import EngineConfig, HeurMode
-from ..core.device import Device
+from ..core.device import Device, resolve_device
 from ..core.errors import UnsupportedGraphError
 from ..core.ir import FinalGraph
 from ..core.piece import Piece
@@ -78,15 +78,16 @@ class BucketSchedule:
 def plan_bucket(graph: FinalGraph, bucket: Bucket, options: BuildOptions) -> BucketSchedule:
     """Partition and choose every piece's config of `graph` (dynamic) once for `bucket`, at its hint."""
     hint = graph.in_bucket(bucket.hint_map, bucket)
-    schedule = plan_steps(hint, options, compile="lazy")
-    where = {id(n): i for i, n in enumerate(schedule.graph.nodes)}
     opts = BuildOptions.of(options)
     tiles = {}
-    with sessions(usable_engines(opts.engines, schedule.device)):
+    # (one session: the tile offers ask the engines about the pieces the planning matched)
+    with sessions(usable_engines(opts.engines, resolve_device(opts.device))):
+        schedule = plan_steps(hint, options, compile="lazy")
         for step in schedule.steps:
             choice = tile_variants.offer(step.piece, step.config, schedule.device, opts.filters)
             if choice is not None:
                 tiles[step.index] = choice
+    where = {id(n): i for i, n in enumerate(schedule.graph.nodes)}
     return BucketSchedule(
         bucket,
         schedule,

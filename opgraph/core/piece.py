@@ -90,7 +90,8 @@ class Piece:
             ],
             "out": [num(u) for u in self.outputs],
         }
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+        # (default=str: a symbolic piece's dims and size attributes are expressions, keyed as printed)
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.memory.workspace import align_up
 from opgraph.engines.triton.templates.matmul import MatmulMatch
+from opgraph.memory.workspace import align_up
 from opgraph.runtime.dynamic import DynamicPlan
 
 from ..helpers import check_one_sized_kernel, check_re_pointed, requires_cuda, requires_interpreter, run_at_shape
@@ -592,3 +592,80 @@ def test_a_buckets_tiles_are_weighed_across_the_bucket():
     piece = make_piece(static.final, 0, static.final.nodes)
     alone = TEMPLATE.matched(piece, h200)
     assert alone.bucket_samples == () and (alone.candidates()[0].BLOCK_M, alone.candidates()[0].BLOCK_N) == (128, 128)
+
+
+def _two_layer_projections(batch: og.Dim, seq: og.Dim) -> og.FinalGraph:
+    """Two pieces of one structure, as a model's layers repeat it: each a projection of x with the residual
+    and a column sum over the dynamic rows (whose split-K kernels are made at each shape)."""
+    g = _graph(DT.BFLOAT16, "layers")
+    x = g.tensor(dim=[batch, seq, 1024], name="x")
+    for i in range(2):
+        w = g.tensor(dim=[1, 1024, 1024], stride=[1 << 20, 1, 1024], name=f"w{i}")
+        h = g.add(g.matmul(x, w), x)
+        h.set_output(True)
+        g.reduction(h, mode="ADD").set_output(True).set_dim([1, 1, 1024])
+    return g.final
+
+
+def _matmul_matches(final: og.FinalGraph, device):  # type: ignore[no-untyped-def]
+    from opgraph.build.buckets import choose
+    from opgraph.core.piece import make_piece
+    from opgraph.engines.triton.templates.matmul import TEMPLATE
+
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    at = [i for i, n in enumerate(hint.nodes) if n.kind == "matmul"]
+    matches = [TEMPLATE.matched(make_piece(hint, k, hint.nodes[i : i + 3]), device) for k, i in enumerate(at)]
+    assert all(isinstance(m, MatmulMatch) and m.bucket is not None for m in matches)
+    return matches
+
+
+def test_identical_layers_share_the_split_kernel_decision(monkeypatch):
+    """Whether a split-K config's kernels serve the whole bucket is decided by generating them (most of a
+    bucket's planning); a model's layers ask the same of the same structure: the second layer's piece gets
+    the first one's answer without generating anything, a bucket of other ranges generates again."""
+    from opgraph.core.device import Device
+    from opgraph.engines.triton.templates import matmul as matmul_template
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    first, second = _matmul_matches(_two_layer_projections(og.Dim("batch", 2, 16), og.Dim("seq", 17, 256)), h200)
+    other = _matmul_matches(_two_layer_projections(og.Dim("batch", 1, 4), og.Dim("seq", 17, 256)), h200)[0]
+    assert first._bucket_structure == second._bucket_structure  # (no UIDs or names in it)
+    assert other._bucket_structure != first._bucket_structure
+    plain = dict(TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, EPILOGUE_SUBTILE=None)
+    split = first.candidates()[0].replace(BLOCK_M=64, BLOCK_N=32, SPLIT_K=4, **plain)
+    asked: list[MatmulMatch] = []
+    real = MatmulMatch._bucket_kernels
+
+    def counting(self, k):  # type: ignore[no-untyped-def]
+        if any(self is m for m in (first, second, other)):  # (not the bucket's own match, made inside)
+            asked.append(self)
+        return real(self, k)
+
+    monkeypatch.setattr(MatmulMatch, "_bucket_kernels", counting)
+    monkeypatch.setattr(matmul_template, "_ONE_KERNEL", {})  # (answers of earlier tests forgotten)
+    assert first.one_kernel(split) is False  # (the column sum over the dynamic rows: made at each shape)
+    assert second.one_kernel(split) is False
+    assert other.one_kernel(split) is False
+    assert [id(m) for m in asked] == [id(first), id(other)]
+
+
+def test_a_buckets_ranking_asks_for_per_shape_kernels_only_down_to_its_count():
+    """A bucket's candidates put the configs of per-shape kernels after the others (`_per_shape`, which
+    generates a split config's kernels to find out): `_ranked` gives the first `count` of that order while
+    asking it only of the configs ranked before the count-th kernel for the bucket."""
+    from opgraph.core.device import Device
+
+    h200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+    (match, _) = _matmul_matches(_two_layer_projections(og.Dim("batch", 2, 16), og.Dim("seq", 17, 256)), h200)
+    plain = dict(TMA=None, TMA_HOST=None, PERSISTENT=None, FLATTEN=None, EPILOGUE_SUBTILE=None)
+    base = match.candidates()[0].replace(**plain)
+    configs = [
+        base.replace(BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=s)
+        for bm, bn in ((64, 32), (128, 64), (128, 128))
+        for s in (1, 2, 4)
+    ]
+    full = sorted(configs, key=lambda c: (match._per_shape(c), *match._rank(c)))
+    for count in (1, 3, 5, len(configs)):
+        assert match._ranked(configs, count) == full[:count]
+    assert any(match._per_shape(c) for c in configs) and not all(match._per_shape(c) for c in configs)

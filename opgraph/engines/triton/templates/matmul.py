@@ -38,6 +38,7 @@ Llama block's output projection, N > BLOCK_N) laid out for the bucket's largest 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -49,6 +50,7 @@ from ....core.ir import Node, ShapeOrigin
 from ....core.piece import Piece
 from ....core.symbolic import Expr, bounds, evaluate, log_point
 from ....core.tensor import TensorDesc
+from ...shared.symbolic import symbolic_piece
 from ..expr import TL_DTYPE
 from ..gemm import (
     Context,
@@ -87,6 +89,13 @@ from .base import Generated
 # per operand: (the tile's row index start, its column index start) in the main loop
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
 _BLOCKS = {"A": ("BLOCK_M", "BLOCK_K"), "B": ("BLOCK_K", "BLOCK_N")}
+
+
+# (MatmulMatch._bucket_structure, knobs) -> whether that split-K config's kernels serve the whole bucket:
+# generating them to find out is most of a bucket's planning, and the layers of a model ask the same
+_ONE_KERNEL: dict[tuple[object, ...], bool] = {}
+_ONE_KERNEL_SIZE = 4096
+_ONE_KERNEL_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -226,7 +235,27 @@ class MatmulMatch(TileMatch):
         over a dynamic M is generated at each shape: the bucket would re-choose a split variant there)."""
         if self.bucket is None or not self.template.sized_knobs(k):
             return False
-        return k.split_k == 1 or self._bucket_kernels(k) is not None
+        if k.split_k == 1:
+            return True
+        key = (self._bucket_structure, k)
+        found = _ONE_KERNEL.get(key)
+        if found is None:
+            found = self._bucket_kernels(k) is not None
+            with _ONE_KERNEL_LOCK:  # (builds in several threads share it)
+                _ONE_KERNEL[key] = found
+                while len(_ONE_KERNEL) > _ONE_KERNEL_SIZE:
+                    _ONE_KERNEL.pop(next(iter(_ONE_KERNEL)))
+        return found
+
+    @cached_property
+    def _bucket_structure(self) -> tuple[object, ...]:
+        """What a bucket's split-K kernels of this piece depend on, but for the knobs: the symbolic piece's
+        structure (Piece.signature: no UIDs or names, so a model's layers share it), the bucket's ranges,
+        the device and the template."""
+        assert self.bucket is not None
+        symbolic = symbolic_piece(self.piece)
+        signature = symbolic.signature() if symbolic is not None else id(self)
+        return (signature, self.bucket[1].bucket.ranges, self.device, self.template.name)
 
     def _bucket_kernels(self, k: TileKnobs) -> Generated | None:
         """The bucket's kernels of config `k` (taking their sizes at run time), None where the piece or the
@@ -324,6 +353,7 @@ class MatmulMatch(TileMatch):
         if self.bucket is None:
             return None
         sample = self.sample_at(env)
+        self.__dict__.setdefault("_bucket_memo", {})  # (shared with the copy: kernels generated once)
         focused = copy.copy(self)
         focused.__dict__.update(focus=sample, bucket_samples=(sample,), problem=(sample.m, sample.n, *self.problem[2:]))
         return focused
@@ -384,14 +414,17 @@ class MatmulMatch(TileMatch):
                     tma.append(c.replace(TMA=1))
                     if host_ok:
                         host.append(hopper_config(c, device))
-            configs = sorted(tma + configs[:-1] + host, key=self._rank)[:8] + configs[-1:]
+            configs = self._ranked(tma + configs[:-1] + host, 8) + configs[-1:]
             if host and elem == 2 and width == 1 and math_heavy_epilogue(gp):
                 configs.insert(len(configs) - 1, occupancy_config(host[0], device))  # (for tuning to weigh)
             first = next((c for c in configs if c.persistent and not c.tma_host), None)
             if first is not None:  # its tile and K loops pipelined as one (FLATTEN), for tuning to weigh
                 configs.insert(configs.index(first) + 1, first.replace(FLATTEN=1))
         elif self.bucket is not None:
-            configs = sorted(configs[:-1], key=self._rank if device.is_cuda else self._per_shape) + configs[-1:]
+            rest = configs[:-1]
+            configs = (
+                self._ranked(rest, len(rest)) if device.is_cuda else sorted(rest, key=self._per_shape)
+            ) + configs[-1:]
         if width > 1:  # Triton's flattened loop pipelines two products' dots badly (a fifth slower at Llama's
             # SwiGLU: bench/results/triton-preferences.md#sibling-products)
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
@@ -407,11 +440,26 @@ class MatmulMatch(TileMatch):
         # split-K 4, then run at M 4096 too.
         return self.bucket is not None and not self.one_kernel(c)
 
-    def _rank(self, c: TileKnobs) -> tuple[bool, float, float]:
-        """Per-shape kernels last in a bucket, then the estimate (`_weighed`); where the bytes bound every
-        config (a tie), the config of the most math headroom (host descriptors, persistent, large tiles), which streams
-        the bytes fastest (bench/results/constants.md#memory-bound-gemm-ties)."""
-        return self._per_shape(c), self._weighed(c), self._cost(c, moved_bytes=1)
+    def _rank(self, c: TileKnobs) -> tuple[float, float]:
+        """The estimate (`_weighed`); where the bytes bound every config (a tie), the config of the most
+        math headroom (host descriptors, persistent, large tiles), which streams the bytes fastest
+        (bench/results/constants.md#memory-bound-gemm-ties)."""
+        return self._weighed(c), self._cost(c, moved_bytes=1)
+
+    def _ranked(self, configs: list[TileKnobs], count: int) -> list[TileKnobs]:
+        """The first `count` of `configs` by `_rank`, a bucket's per-shape kernels after all the others
+        (`_per_shape`). That is asked of each config only down the ranking until `count` others are found:
+        for a split-K config it generates the bucket's kernels, most of a bucket's planning time."""
+        ranked = sorted(configs, key=self._rank)
+        if self.bucket is None:
+            return ranked[:count]
+        kept: list[TileKnobs] = []
+        per_shape: list[TileKnobs] = []
+        for c in ranked:
+            if len(kept) == count:
+                break
+            (per_shape if self._per_shape(c) else kept).append(c)
+        return (kept + per_shape)[:count]
 
     def accepts(self, knobs: TileKnobs) -> bool:
         """A candidate, or one with another output tile (chosen at another M or N of the bucket: any
