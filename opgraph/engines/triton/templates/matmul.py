@@ -355,6 +355,7 @@ class MatmulMatch(TileMatch):
         sample = self.sample_at(env)
         self.__dict__.setdefault("_bucket_memo", {})  # (shared with the copy: kernels generated once)
         focused = copy.copy(self)
+        focused.__dict__.pop("_candidates_memo", None)  # (its own, ranked at `env`)
         focused.__dict__.update(focus=sample, bucket_samples=(sample,), problem=(sample.m, sample.n, *self.problem[2:]))
         return focused
 
@@ -368,6 +369,14 @@ class MatmulMatch(TileMatch):
         return sum(self._cost(c, sample=sample) for sample in self.bucket_samples)
 
     def candidates(self) -> list[TileKnobs]:
+        """The ranked configs (`_candidates`), made once per match: the planner asks a piece's match
+        for them several times (its configs, the sibling merge, tile variants, `accepts`)."""
+        found = self.__dict__.get("_candidates_memo")
+        if found is None:
+            found = self.__dict__["_candidates_memo"] = tuple(self._candidates())
+        return list(found)
+
+    def _candidates(self) -> list[TileKnobs]:
         gp, device = self.gp, self.device
         m, n, k, elem = self.problem
         a, b = gp.operand("A"), gp.operand("B")
