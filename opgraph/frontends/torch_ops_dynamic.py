@@ -130,7 +130,8 @@ def index_dynamic(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Any
 def _identity_positions(index: Any) -> Any:
     """The length n when an FX index node is arange(n) (+ 0), unsqueezed or viewed; else None."""
     seen = 0
-    while hasattr(index, "target") and seen < 16:
+    # (only the partition's own nodes: a placeholder, whose target is its name, says nothing of its values)
+    while getattr(index, "op", None) == "call_function" and seen < 16:
         seen += 1
         name = str(index.target)
         if "unsqueeze" in name or "view" in name or "expand" in name or "reshape" in name:
