@@ -66,6 +66,9 @@ def _positions(imp: Importer, node: Any, size: Any, refusal: str) -> tuple[Any, 
 def slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:
     """A slice where the axis or the bounds are dynamic: the whole axis is x itself; int bounds from
     the start go to the slice op (which proves them within the axis over its range)."""
+    from .torch_symbolic import to_symint
+
+    start, stop = to_symint(start), to_symint(stop)  # (a torch.compile graph's SymInt bounds as the dims')
     size = x.shape[axis]
     whole = stop == size or (isinstance(stop, int) and stop >= 2**62)
     if start == 0 and step == 1 and whole:

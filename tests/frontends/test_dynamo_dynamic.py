@@ -160,6 +160,26 @@ def test_a_transformers_llama_runs_at_every_length_in_one_dynamic_plan():
     ), str(report)
 
 
+def test_a_slice_to_a_symbolic_end_joins_the_dynamic_plan():
+    """transformers' packed-sequence check: diff(positions, prepend=first - 1) along the dynamic axis, its
+    cumsum. torch.diff slices to an end torch passes as a SymInt (s - 1 of the prepended axis); it is the
+    dims' expression in the plan, not a node left to PyTorch."""
+
+    class PackedSequences(nn.Module):
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return torch.diff(x, prepend=x[:, :1] - 1, dim=-1).cumsum(-1) * 2.0
+
+    model = PackedSequences()
+    compiled = torch.compile(model, backend=og.torch_backend, dynamic=True)
+    first = len(reports())
+    for batch, seq in ((2, 5), (3, 7), (4, 9)):
+        x = torch.randn(batch, seq, dtype=torch.float64)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+    (report,) = _made(first)
+    assert not report.fallbacks and len(report.partitions) == 1, str(report)
+    assert report.partitions[0].dims, str(report)
+
+
 @requires_interpreter
 def test_generated_kernels_take_every_shape_of_the_range():
     """The GPU's engine (generated Triton kernels, under the interpreter here): one dynamic plan per
