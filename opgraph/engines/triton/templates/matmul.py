@@ -254,7 +254,7 @@ class MatmulMatch(TileMatch):
         the device and the template."""
         assert self.bucket is not None
         symbolic = symbolic_piece(self.piece)
-        signature = symbolic.signature() if symbolic is not None else id(self)
+        signature = symbolic.signature() if symbolic is not None else object()  # (then shared with none)
         return (signature, self.bucket[1].bucket.ranges, self.device, self.template.name)
 
     def _bucket_kernels(self, k: TileKnobs) -> Generated | None:
