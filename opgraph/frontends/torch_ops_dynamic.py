@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .torch_importer import Args, Importer, Value, dynamic_refusal, symbolic
+from .torch_symbolic import to_shape, to_symint
 
 
 def expand_dynamic(imp: Importer, x: Value, shape: tuple[Any, ...]) -> Any:
@@ -66,8 +67,6 @@ def _positions(imp: Importer, node: Any, size: Any, refusal: str) -> tuple[Any, 
 def slice_dynamic(imp: Importer, x: Value, axis: int, start: Any, stop: Any, step: Any) -> Any:
     """A slice where the axis or the bounds are dynamic: the whole axis is x itself; int bounds from
     the start go to the slice op (which proves them within the axis over its range)."""
-    from .torch_symbolic import to_symint
-
     start, stop = to_symint(start), to_symint(stop)  # (a torch.compile graph's SymInt bounds as the dims')
     size = x.shape[axis]
     whole = stop == size or (isinstance(stop, int) and stop >= 2**62)
@@ -105,8 +104,6 @@ def index_dynamic(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Any
     """x[i0, i1, ...] at dynamic sizes where every index is the identity position of its axis (an arange
     of the axis' length, unsqueezed: transformers' mask functions read `x[batch_idx, q_idx]` so): the
     result is x with its axes placed where the indices put them (a transpose and a reshape)."""
-    from .torch_symbolic import to_shape
-
     fx_indices = node.args[1]
     out_shape = to_shape(node.meta["val"].shape)
     if len(fx_indices) > x.rank or any(i is None for i in fx_indices):

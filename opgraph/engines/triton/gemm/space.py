@@ -30,6 +30,11 @@ class OutputSpace:
     def nbatch(self) -> int:
         return math.prod(self.dims[a] for a in self.batch)
 
+    def partials(self, split: int) -> int:
+        """Split-K's fp32 partial elements: `split` slices of every batch program's M x N (an expression
+        of the dynamic dims in a bucket's kernel)."""
+        return split * self.nbatch * self.groups * self.m * self.n
+
     def where(self, axis: int) -> str:
         if axis in self.rows:
             return "r"

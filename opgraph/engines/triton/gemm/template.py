@@ -370,9 +370,9 @@ class TileMatch(Match[TileKnobs], TileLoop):
         if self.sizes is not None:  # offsets int64 where the bucket's largest shape needs them (partials too)
             p = self.gp.piece
             big = self.sizes.needs_int64(p.tensor(u) for u in (*p.inputs, *p.outputs))
-            big = big or (split > 1 and self.sizes.max(split * sp.nbatch * sp.groups * sp.m * sp.n) > INT32_LIMIT)
+            big = big or (split > 1 and self.sizes.max(sp.partials(split)) > INT32_LIMIT)
             return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, big, text=divisible_text(self.sizes))
-        scratch_extent = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
+        scratch_extent = sp.partials(split) if split > 1 else 0
         return Tiling(sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch_extent))
 
     def setup(self, ctx: Context, sig: Signature, k: TileKnobs) -> list[str]:
@@ -419,7 +419,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         if partials:  # the epilogue launch owns the reductions (their partials follow its tiles)
             ctx.scratch, ctx.reductions = Scratch(), []
             sp = gp.space  # (a bucket kernel's partials: laid out for its largest shape, indexed by its sizes)
-            acc_off = ctx.scratch.alloc(ctx.largest(tiling.split * sp.nbatch * sp.groups * sp.m * sp.n * 4))
+            acc_off = ctx.scratch.alloc(ctx.largest(sp.partials(tiling.split) * 4))
         functions: list[str] = list(self.prelude(ctx, k))
         sig = Signature()
         body = loop.body(ctx, sig, k, acc_off)

@@ -275,7 +275,7 @@ class ConvDgradMatch(TileMatch):
     def tiling(self, k: TileKnobs) -> Tiling:
         split = 1 if self.is_stencil else k.split_k
         sp = self.gp.space
-        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 else 0
+        scratch = sp.partials(split) if split > 1 else 0
         big = needs_int64(self.gp, scratch)
         phases = self.phases(k)
         if phases is not None:

@@ -246,7 +246,7 @@ class ConvWgradMatch(OffersProloguePass):
     def tiling(self, k: TileKnobs) -> Tiling:
         split = k.split_k
         sp = self.gp.space
-        scratch = split * sp.nbatch * sp.groups * sp.m * sp.n if split > 1 or k.merged else 0
+        scratch = sp.partials(split) if split > 1 or k.merged else 0
         return TapTiling(
             sp, k.BLOCK_M, k.BLOCK_N, k.group_m, split, needs_int64(self.gp, scratch), per_program=self.per_program(k)
         )
@@ -355,7 +355,7 @@ class ConvWgradMatch(OffersProloguePass):
         programs = static(TapTiling(sp, bm, bn, per_program=taps).per_split)
         iters = -(-self.pixels // bk)
         split = max(1, min(iters // 8, -(-2 * max(self.device.sm_count, 1) // programs)))
-        while split > 1 and split * sp.nbatch * sp.groups * sp.m * sp.n * 4 > self.gp.moved_bytes() // 2:
+        while split > 1 and sp.partials(split) * 4 > self.gp.moved_bytes() // 2:
             split //= 2
         return split
 

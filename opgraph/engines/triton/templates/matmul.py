@@ -283,11 +283,7 @@ class MatmulMatch(TileMatch):
             return True
         assert self.bucket is not None
         gp, origin = self.bucket
-        sp = gp.space
-        return (
-            bounds(k.split_k * sp.nbatch * sp.groups * sp.m * sp.n * 4, origin.bucket.range_map)[1]
-            <= SPLIT_PARTIALS_BYTES
-        )
+        return bounds(gp.space.partials(k.split_k) * 4, origin.bucket.range_map)[1] <= SPLIT_PARTIALS_BYTES
 
     def kernels(self, k: TileKnobs) -> Generated:
         """The bucket's kernels (taking their sizes at run time) where the piece and the config allow
