@@ -43,6 +43,7 @@ from .heuristics import rank_configs
 from .options import BuildOptions
 from .partition import Cut
 from .planner import Schedule, Step, all_by_reference, choose_step, plan_steps, sessions, usable_engines
+from .shared import shared
 from .tile_variants import TileChoice
 
 log = logging.getLogger("opgraph.build")
@@ -84,7 +85,12 @@ def plan_bucket(graph: FinalGraph, bucket: Bucket, options: BuildOptions) -> Buc
     with sessions(usable_engines(opts.engines, resolve_device(opts.device))):
         schedule = plan_steps(hint, options, compile="lazy")
         for step in schedule.steps:
-            choice = tile_variants.offer(step.piece, step.config, schedule.device, opts.filters)
+            choice, _ = shared(
+                "tile_variants",
+                step.piece,
+                (step.config, id(opts.filters)),
+                lambda step=step: tile_variants.offer(step.piece, step.config, schedule.device, opts.filters),
+            )
             if choice is not None:
                 tiles[step.index] = choice
     where = {id(n): i for i, n in enumerate(schedule.graph.nodes)}

@@ -21,6 +21,7 @@ from ..core.config import EngineConfig, HeurMode, Support
 from . import split_kv
 from .partition import engine_supports
 from .policy import POLICY, Policy
+from .shared import shared
 
 if TYPE_CHECKING:
     from ..core.device import Device
@@ -45,6 +46,21 @@ class PieceConfigs:
 
 def rank_configs(
     piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode], policy: Policy = POLICY
+) -> PieceConfigs:
+    """The piece's configs in the order the build tries them, and the engines that decline it. Within a
+    planning, a piece identical to one ranked before (a model's repeated layer) gets that ranking
+    (build/shared.py), its engines' refusals asked again so that they name this piece's ops."""
+    terms = (tuple(e.name for e in engines), device, tuple(modes), id(policy))
+    ranked, first = shared("rank_configs", piece, terms, lambda: _rank(piece, engines, device, modes, policy))
+    if first is piece:
+        return ranked
+    by_name = {e.name: e for e in engines}
+    declined = tuple((name, engine_supports(by_name[name], piece, device).reason) for name, _ in ranked.declined)
+    return PieceConfigs(piece, ranked.configs, declined)
+
+
+def _rank(
+    piece: Piece, engines: Sequence[Engine], device: Device, modes: Sequence[HeurMode], policy: Policy
 ) -> PieceConfigs:
     configs: list[EngineConfig] = []
     declined: list[tuple[str, str]] = []

@@ -25,6 +25,7 @@ from .filters import ConfigFilter
 from .heuristics import PieceConfigs, rank_configs
 from .options import BuildOptions
 from .partition import Cut, partition
+from .shared import shared_answers
 from .sibling_merge import refine
 
 log = logging.getLogger("opgraph.build")
@@ -92,9 +93,10 @@ def all_by_reference(graph: FinalGraph) -> FinalGraph:
 
 @contextmanager
 def sessions(engines: Sequence[Engine]) -> Iterator[None]:
-    """One build's span for every engine it uses (Engine.session): what they learn of its pieces is
-    dropped when it ends."""
+    """One build's span for every engine it uses (Engine.session) and for the answers its identical
+    pieces share (build/shared.py): what they learn of its pieces is dropped when it ends."""
     with ExitStack() as stack:
+        stack.enter_context(shared_answers())
         for e in engines:
             stack.enter_context(e.session())
         yield

@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .attrs import encode_attrs
@@ -67,6 +68,23 @@ class Piece:
     def signature(self) -> str:
         """A hash of what the piece computes (ops, attributes, tensor shapes, strides and types,
         roles of its boundary tensors), not of names or UIDs: the key of tuning caches."""
+        return self._structure[0]
+
+    def uid_order(self) -> tuple[int, ...]:
+        """The piece's tensor UIDs in the order its signature numbers them: two pieces of one signature
+        pair their tensors by position here (a model's identical layers)."""
+        return self._structure[1]
+
+    def structure_key(self) -> tuple[str, tuple[tuple[bool, bool], ...]]:
+        """What identical pieces share: the signature, and the by-reference and virtual flags of the
+        tensors in `uid_order` (which the signature leaves out; a kernel reads a by-reference buffer
+        through the address table)."""
+        return self._structure[0], tuple(
+            (self.tensor(u).is_by_reference, self.tensor(u).is_virtual) for u in self._structure[1]
+        )
+
+    @cached_property
+    def _structure(self) -> tuple[str, tuple[int, ...]]:
         renumber: dict[int, int] = {}
 
         def num(uid: int) -> int:
@@ -91,7 +109,8 @@ class Piece:
             "out": [num(u) for u in self.outputs],
         }
         # (default=str: a symbolic piece's dims and size attributes are expressions, keyed as printed)
-        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return digest, tuple(renumber)
 
 
 @dataclass

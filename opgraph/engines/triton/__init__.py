@@ -21,6 +21,7 @@ from ...core.config import BehaviorNote, EngineConfig, HeurMode, NumericalNote, 
 from ...core.device import Device
 from ...core.dtypes import DataType
 from ...core.errors import AttributeValueError, ExecutionError
+from ...core.evolve import evolve
 from ...core.piece import Piece
 from ...memory.addresses import TABLE_KEY, table_slots
 from .. import register_engine
@@ -37,7 +38,7 @@ from .loader import load_module, module_file, module_name
 from .rewrite import fp8_fill, typed_scalars
 from .sizes import divides
 from .templates import discover
-from .templates.base import Arg, Generated, Match, Template, host_scalar
+from .templates.base import Arg, ArgKind, Generated, Match, Template, host_scalar
 
 TEMPLATES: list[Template] = discover()
 TEMPLATE_BY_NAME: dict[str, Template] = {t.name: t for t in TEMPLATES}
@@ -318,6 +319,7 @@ class _Matches:
 
     def __init__(self) -> None:
         self._found: OrderedDict[tuple[int, Device], tuple[Piece, Match[Any] | None, str]] = OrderedDict()
+        self.generated = {}
 
     def get(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str] | None:
         hit = self._found.get((id(piece), device))
@@ -330,6 +332,10 @@ class _Matches:
         self._found[(id(piece), device)] = (piece, match, why)
         while len(self._found) > self.SIZE:
             self._found.popitem(last=False)
+
+    # a config's kernels as its template generated them for the first piece of a structure (a model's
+    # identical layers: Piece.structure_key), by graph, structure, config and device
+    generated: dict[tuple[Any, ...], tuple[Piece, Generated]]
 
 
 # the matches of the build running in this thread (or task); None outside a build
@@ -519,13 +525,40 @@ class TritonEngine(Engine):
                 hint=f"templates: {', '.join(sorted(TEMPLATE_BY_NAME))}; take configs from engine_configs() "
                 "or from a plan this version built",
             )
-        match, _ = self.match(piece, device)
-        if match is None or match.template is not template:  # (a config read from a plan file: matched here)
-            match = template.matched(piece, device)
-        generated = fp8_fill(
-            match.generate(match.knobs(knobs)), {u: t.data_type for u, t in piece.graph.tensors.items()}
-        )
+        raw = self._generated_like(piece, config, device)
+        if raw is None:
+            match, _ = self.match(piece, device)
+            if match is None or match.template is not template:  # (a config read from a plan file: matched here)
+                match = template.matched(piece, device)
+            raw = match.generate(match.knobs(knobs))
+            if (matches := _SESSION.get()) is not None:
+                matches.generated[(id(piece.graph), piece.structure_key(), config.knobs, device)] = (piece, raw)
+        generated = fp8_fill(raw, {u: t.data_type for u, t in piece.graph.tensors.items()})
         return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
+
+    @staticmethod
+    def _generated_like(piece: Piece, config: EngineConfig, device: Device) -> Generated | None:
+        """The kernels this build generated with `config` for a piece identical to `piece` (the same
+        structure in the same graph: a model's repeated layer), their arguments moved to `piece`'s
+        tensors: the same source (the parameters' names are the other piece's; launches pass arguments
+        by position). None where no such piece was generated in this build."""
+        matches = _SESSION.get()
+        hit = matches.generated.get((id(piece.graph), piece.structure_key(), config.knobs, device)) if matches else None
+        if hit is None or hit[0].graph is not piece.graph:
+            return None
+        first, raw = hit
+        moved = dict(zip(first.uid_order(), piece.uid_order()))
+        launches = []
+        for launch in raw.launches:
+            args = []
+            for a in launch.args:
+                if a.kind in (ArgKind.BUF, ArgKind.DESC, ArgKind.SCALAR):
+                    if a.uid not in moved:
+                        return None
+                    a = evolve(a, uid=moved[a.uid])
+                args.append(a)
+            launches.append(evolve(launch, args=tuple(args)))
+        return evolve(raw, launches=tuple(launches))
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
