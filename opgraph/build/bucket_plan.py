@@ -23,6 +23,7 @@ and re-pointed at each shape as the bucket's own is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ def plan_bucket(graph: FinalGraph, bucket: Bucket, options: BuildOptions) -> Buc
                 "tile_variants",
                 step.piece,
                 (step.config, id(opts.filters)),
-                lambda step=step: tile_variants.offer(step.piece, step.config, schedule.device, opts.filters),
+                functools.partial(tile_variants.offer, step.piece, step.config, schedule.device, opts.filters),
             )
             if choice is not None:
                 tiles[step.index] = choice
