@@ -17,7 +17,7 @@ among the bucket's and its variants, the bucket's own unless another beats it by
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
@@ -44,6 +44,10 @@ class TileChoice:
 
     configs: tuple[EngineConfig, ...]
     estimators: tuple[Estimator, ...]
+    # the last shapes' answers (a model's identical layers share one choice: build/shared.py)
+    _chosen: dict[tuple[tuple[str, int], ...], EngineConfig | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def variants(self) -> tuple[EngineConfig, ...]:
@@ -52,6 +56,17 @@ class TileChoice:
     def at(self, env: Mapping[str, int]) -> EngineConfig | None:
         """The variant to run at the bucket's shape `env`: the one of least estimate there, where that is
         at most GAIN of the bucket config's; None: the bucket's own."""
+        key = tuple(env.items())
+        try:
+            return self._chosen[key]
+        except KeyError:
+            pass
+        if len(self._chosen) >= 64:
+            self._chosen.clear()
+        chosen = self._chosen[key] = self._least(env)
+        return chosen
+
+    def _least(self, env: Mapping[str, int]) -> EngineConfig | None:
         own = self.estimators[0](env)
         if own is None:
             return None

@@ -6,6 +6,7 @@ by `Graph.validate()` and never changes.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -228,7 +229,10 @@ class FinalGraph:
         shape of it). A new graph each call (equal to `at(env)`)."""
         static = self.at(env)
         shape = tuple(zip(self.symbols, self.shape_key(env)))
-        return dataclasses.replace(static, origin=ShapeOrigin(self, shape, bucket))
+        marked = copy.copy(static)  # (its nodes' producers and cached properties are the static graph's)
+        object.__setattr__(marked, "origin", ShapeOrigin(self, shape, bucket))
+        object.__setattr__(marked, "_at", {})
+        return marked
 
     def shape_key(self, env: Mapping[str, int]) -> tuple[int, ...]:
         """The values of `symbols` in `env`, in their order, each checked against its range."""

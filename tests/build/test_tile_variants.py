@@ -130,15 +130,17 @@ def _config(name: str) -> EngineConfig:
 def test_a_shape_runs_the_config_of_least_estimate_past_the_gain():
     own, a, b = _config("o"), _config("aa"), _config("bbb")
     costs = {own: 10.0, a: 7.0, b: 8.5}
+    names = {own: "o", a: "a", b: "b"}
 
-    def est(c: EngineConfig):  # type: ignore[no-untyped-def]
-        return lambda env: None if env.get("none") else costs[c] * env["scale"].get(c, 1.0)
+    def est(c: EngineConfig):  # type: ignore[no-untyped-def]  (env: a config's estimate in percent)
+        return lambda env: None if env.get("none") else costs[c] * env.get(names[c], 100) / 100
 
     choice = TileChoice((own, a, b), tuple(est(c) for c in (own, a, b)))
-    assert choice.at({"scale": {}}) is a  # 7 <= 0.8 * 10, and least
-    assert choice.at({"scale": {a: 2.0}}) is None  # b's 8.5 is past the gain: the bucket's own
-    assert choice.at({"scale": {a: 2.0, b: 0.9}}) is b  # 7.65 <= 8
-    assert choice.at({"none": 1, "scale": {}}) is None  # no estimate of its own: the bucket's
+    assert choice.at({}) is a  # 7 <= 0.8 * 10, and least
+    assert choice.at({"a": 200}) is None  # b's 8.5 is past the gain: the bucket's own
+    assert choice.at({"a": 200, "b": 90}) is b  # 7.65 <= 8
+    assert choice.at({"none": 1}) is None  # no estimate of its own: the bucket's
+    assert choice.at({"a": 200}) is None and choice.at({}) is a  # (each shape's answer kept: the same again)
     smaller = choice.without(a)
     assert smaller is not None and smaller.configs == (own, b)
     assert smaller.without(b) is None

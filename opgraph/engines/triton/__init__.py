@@ -558,7 +558,10 @@ class TritonEngine(Engine):
                     a = evolve(a, uid=moved[a.uid])
                 args.append(a)
             launches.append(evolve(launch, args=tuple(args)))
-        return evolve(raw, launches=tuple(launches))
+        moved = evolve(raw, launches=tuple(launches))
+        if raw.sized:  # (the same expressions of the dims: one function evaluates both at every shape)
+            moved.__dict__["shape_function"] = raw.shape_function
+        return moved
 
     # templates whose program that reads an element of a piece input (in its elementwise body, its
     # GEMM epilogue, or a per-channel stats slot) is the one that writes the aligned output element;
