@@ -547,15 +547,15 @@ class TritonEngine(Engine):
         if hit is None or hit[0].graph is not piece.graph:
             return None
         first, raw = hit
-        moved = dict(zip(first.uid_order(), piece.uid_order()))
+        pairs = dict(zip(first.uid_order(), piece.uid_order()))
         launches = []
         for launch in raw.launches:
             args = []
             for a in launch.args:
                 if a.kind in (ArgKind.BUF, ArgKind.DESC, ArgKind.SCALAR):
-                    if a.uid not in moved:
+                    if a.uid not in pairs:
                         return None
-                    a = evolve(a, uid=moved[a.uid])
+                    a = evolve(a, uid=pairs[a.uid])
                 args.append(a)
             launches.append(evolve(launch, args=tuple(args)))
         moved = evolve(raw, launches=tuple(launches))
