@@ -129,16 +129,17 @@ def _config(name: str) -> EngineConfig:
 
 def test_a_shape_runs_the_config_of_least_estimate_past_the_gain():
     own, a, b = _config("o"), _config("aa"), _config("bbb")
-    costs = {own: 10.0, a: 7.0, b: 8.5}
+    costs = {own: 10.0, a: 7.0, b: 9.5}
     names = {own: "o", a: "a", b: "b"}
+    assert GAIN == 0.9
 
     def est(c: EngineConfig):  # type: ignore[no-untyped-def]  (env: a config's estimate in percent)
         return lambda env: None if env.get("none") else costs[c] * env.get(names[c], 100) / 100
 
     choice = TileChoice((own, a, b), tuple(est(c) for c in (own, a, b)))
-    assert choice.at({}) is a  # 7 <= 0.8 * 10, and least
-    assert choice.at({"a": 200}) is None  # b's 8.5 is past the gain: the bucket's own
-    assert choice.at({"a": 200, "b": 90}) is b  # 7.65 <= 8
+    assert choice.at({}) is a  # 7 <= 0.9 * 10, and least
+    assert choice.at({"a": 200}) is None  # b's 9.5 is past the gain: the bucket's own
+    assert choice.at({"a": 200, "b": 90}) is b  # 8.55 <= 9
     assert choice.at({"none": 1}) is None  # no estimate of its own: the bucket's
     assert choice.at({"a": 200}) is None and choice.at({}) is a  # (each shape's answer kept: the same again)
     smaller = choice.without(a)
