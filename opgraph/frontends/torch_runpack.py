@@ -53,7 +53,16 @@ class _RunPack:
     call) and output buffers. `current` says whether the module's tensors are still the ones bound
     (same objects at the same addresses); `refresh` prepares a call."""
 
-    def __init__(self, imported: Any, leaves: list[Any], device: Any, env: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        imported: Any,
+        leaves: list[Any],
+        device: Any,
+        env: Mapping[str, int] | None = None,
+        like: _RunPack | None = None,
+    ) -> None:
+        """`like`: a current pack of the same plan and device at another shape, whose bound module tensors,
+        constants and derived inputs (the same at every shape) this one takes instead of resolving them."""
         import torch
 
         final = imported.graph.final
@@ -69,6 +78,40 @@ class _RunPack:
             self.pack[d.uid] = buf
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(torch.as_tensor(value).shape)
             self.inputs.append((i, buf.view(shape) if shape != dims else buf, d.data_type.to_torch(), handle))
+        self.env = dict(env)
+        if like is not None:
+            self._bound_like(imported, like, device)
+        else:
+            self._bind_module(imported, device)
+        for uid in final.outputs:
+            d = final.tensors[uid]
+            dims, strides = _layout(d, env)
+            self.pack[uid] = torch.empty_strided(dims, strides, dtype=d.data_type.to_torch(), device=device)
+
+    def _bound_like(self, imported: Any, like: _RunPack, device: Any) -> None:
+        """The module's side of `like` (its watch list, derived inputs and their bases' versions, the bound
+        tensors), its random inputs drawn into buffers of this pack's own."""
+        import torch
+
+        self.watch = list(like.watch)
+        self.derived = list(like.derived)
+        randoms = {uid for uid, _ in like.random_uids}
+        for handle, _ in imported._bound:
+            uid = handle.known_uid()
+            if uid not in randoms:
+                self.pack[uid] = like.pack[uid]
+        self.randoms, self.random_uids = [], []
+        drawn: dict[int, Any] = {}
+        for uid, (spec, base, source) in like.random_uids:
+            if id(base) not in drawn:
+                drawn[id(base)] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+                self.randoms.append((spec, drawn[id(base)]))
+            self.pack[uid] = source.apply(drawn[id(base)])
+            self.random_uids.append((uid, (spec, drawn[id(base)], source)))
+
+    def _bind_module(self, imported: Any, device: Any) -> None:
+        import torch
+
         # module tensors bound: (the dict holding it, its name, the tensor, its address)
         self.watch: list[tuple[dict, str, Any, int]] = []
         tensors: dict[tuple[str, str], Any] = {}
@@ -93,22 +136,19 @@ class _RunPack:
                 ]
                 self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
         self.randoms: list[tuple[Any, Any]] = []  # drawn by `refresh`, in variant_pack's order
+        self.random_uids: list[tuple[int, tuple[Any, Any, Any]]] = []  # (uid, (spec, its buffer, source))
         drawn: dict[str, Any] = {}
         cache: dict[tuple[str, str], Any] = {}
         for handle, source in imported._bound:
             if source.kind != "random":
                 self.pack[handle.known_uid()] = imported._resolve(source, cache, {}, device, None)
                 continue
+            spec = imported.randoms[source.key]
             if source.key not in drawn:
-                spec = imported.randoms[source.key]
                 drawn[source.key] = torch.empty(spec.shape, dtype=spec.dtype, device=device)
                 self.randoms.append((spec, drawn[source.key]))
             self.pack[handle.known_uid()] = source.apply(drawn[source.key])
-        for uid in final.outputs:
-            d = final.tensors[uid]
-            dims, strides = _layout(d, env)
-            self.pack[uid] = torch.empty_strided(dims, strides, dtype=d.data_type.to_torch(), device=device)
-        self.env = dict(env)
+            self.random_uids.append((handle.known_uid(), (spec, drawn[source.key], source)))
 
     def current(self, imported: Any) -> bool:
         return all(t.data_ptr() == ptr and table.get(name) is t for table, name, t, ptr in self.watch)

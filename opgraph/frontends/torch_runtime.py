@@ -521,7 +521,9 @@ class ImportedGraph:
         slot = (id(plan), str(at), tuple(env.values()))
         state = self._runs.get(slot)
         if state is None or not state.current(self):
-            state = self._runs[slot] = _RunPack(self, leaves, at, env)
+            # (a pack of the plan at another shape: its module side serves this one)
+            like = next((r for k, r in reversed(self._runs.items()) if k[:2] == slot[:2] and r.current(self)), None)
+            state = self._runs[slot] = _RunPack(self, leaves, at, env, like=like)
             while len(self._runs) > RUN_PACKS:  # (one per shape for a dynamic graph: the oldest go)
                 self._runs.pop(next(iter(self._runs)))
         pack = state.refresh(self, leaves)

@@ -114,3 +114,28 @@ def test_preload_makes_the_device_copies_of_constants_now_and_leaves_random_draw
     for s in sources:
         if not imported._fixed(s):
             assert s.kind in ("random", "derived", "parameter", "buffer")
+
+
+def test_a_new_shape_takes_the_module_side_of_a_pack_of_another_shape():
+    """A dynamic import's pack at a new shape shares the bound module tensors of the plan's pack at another
+    shape (resolved once); its inputs and outputs are its own, and an in-place update of a parameter is
+    seen at every shape."""
+    from torch.export import Dim
+
+    model = _model()
+    model[1] = nn.Identity()  # (batchnorm's folded coefficients are derived inputs: covered above)
+    imported = og.from_torch(model, (_x(0, rows=5),), dynamic_shapes=({0: Dim("rows", min=2, max=32)},))
+    resolved = []
+    original = imported._resolve
+    imported._resolve = lambda *a, **k: resolved.append(a[0]) or original(*a, **k)
+    with torch.no_grad():
+        for rows in (5, 9, 17):
+            torch.testing.assert_close(imported.run(_x(rows, rows)), model(_x(rows, rows)), rtol=1e-12, atol=1e-12)
+        first, *others = imported._runs.values()
+        bound = [h.known_uid() for h, _ in imported._bound]
+        assert bound and all(p.pack[u] is first.pack[u] for p in others for u in bound)
+        assert len({id(p.pack[imported.graph.final.outputs[0]]) for p in (first, *others)}) == 3
+        assert len(resolved) == len(bound)  # (the first shape's pack resolved them, the others took them)
+        model[0].weight.mul_(2.0)  # in place: read through at a new shape and at a shape met before
+        for rows in (11, 9):
+            torch.testing.assert_close(imported.run(_x(rows, rows)), model(_x(rows, rows)), rtol=1e-12, atol=1e-12)

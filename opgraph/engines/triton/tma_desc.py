@@ -75,33 +75,47 @@ def address(arg: Arg, base: int, itemsize: int) -> int:
 def encode_args(arg: Arg, global_address: int, meta: Mapping[str, Any]) -> tuple[Any, ...]:
     """cuTensorMapEncodeTiled's arguments after the tensor map pointer, in the driver's order (innermost
     axis first, strides in bytes, the innermost stride left out), as Triton's launcher gives them."""
-    elem = int(meta["elem_size"])
-    block = [int(b) for b in meta["block_size"]]
-    rank = len(arg.shape)
-    if len(block) != rank or len(arg.strides) != rank:
+    kind, rank, *rest = _geometry(
+        tuple(arg.shape),
+        tuple(arg.strides),
+        int(meta["elem_size"]),
+        tuple(int(b) for b in meta["block_size"]),
+        int(meta["elem_type"]),
+        int(meta["swizzle"]),
+    )
+    return (kind, rank, global_address, *rest)
+
+
+# a descriptor geometry's arguments, shared by every descriptor of that geometry (the driver only reads the
+# arrays during the call): a dynamic plan encodes ~100 descriptors at each new shape, most of them alike
+# (a model's identical layers), and each array made would be an object the garbage collector tracks
+_GEOMETRIES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _geometry(
+    shape: tuple[int, ...], strides: tuple[int, ...], elem: int, block: tuple[int, ...], elem_type: int, swizzle: int
+) -> tuple[Any, ...]:
+    key = (shape, strides, elem, block, elem_type, swizzle)
+    found = _GEOMETRIES.get(key)
+    if found is not None:
+        return found
+    rank = len(shape)
+    if len(block) != rank or len(strides) != rank:
         raise ExecutionError(
             f"a tensor descriptor of rank {rank} got a block of {len(block)} axes",
             rule="triton.tma_desc",
             hint="run with OPGRAPH_LAUNCH=jit and report it",
         )
-    dims = (ctypes.c_uint64 * rank)(*reversed(arg.shape))
-    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*[s * elem for s in reversed(arg.strides[:-1])])
+    dims = (ctypes.c_uint64 * rank)(*reversed(shape))
+    byte_strides = (ctypes.c_uint64 * max(rank - 1, 1))(*[s * elem for s in reversed(strides[:-1])])
     box = (ctypes.c_uint32 * rank)(*reversed(block))
     ones = (ctypes.c_uint32 * rank)(*([1] * rank))
-    kind = _HOST_TYPE.get(int(meta["elem_type"]), int(meta["elem_type"]))
-    return (
-        kind,
-        rank,
-        global_address,
-        dims,
-        strides,
-        box,
-        ones,
-        _INTERLEAVE_NONE,
-        int(meta["swizzle"]),
-        _L2_PROMOTION_128B,
-        _OOB_FILL_NONE,
-    )
+    kind = _HOST_TYPE.get(elem_type, elem_type)
+    found = (kind, rank, dims, byte_strides, box, ones, _INTERLEAVE_NONE, swizzle, _L2_PROMOTION_128B, _OOB_FILL_NONE)
+    if len(_GEOMETRIES) >= 4096:
+        _GEOMETRIES.clear()
+    _GEOMETRIES[key] = found
+    return found
 
 
 def encoder(lib: Any) -> Callable[..., int]:
