@@ -79,6 +79,12 @@ class _RunPack:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else tuple(torch.as_tensor(value).shape)
             self.inputs.append((i, buf.view(shape) if shape != dims else buf, d.data_type.to_torch(), handle))
         self.env = dict(env)
+        # module tensors bound: (the dict holding it, its name, the tensor, its address)
+        self.watch: list[tuple[dict, str, Any, int]] = []
+        # derived inputs: recomputed when a tensor they are computed from is updated in place
+        self.derived: list[tuple[int, Any, list[tuple[Any, int]]]] = []
+        self.randoms: list[tuple[Any, Any]] = []  # drawn by `refresh`, in variant_pack's order
+        self.random_uids: list[tuple[int, tuple[Any, Any, Any]]] = []  # (uid, (spec, its buffer, source))
         if like is not None:
             self._bound_like(imported, like, device)
         else:
@@ -93,14 +99,13 @@ class _RunPack:
         tensors), its random inputs drawn into buffers of this pack's own."""
         import torch
 
-        self.watch = list(like.watch)
-        self.derived = list(like.derived)
+        self.watch += like.watch
+        self.derived += like.derived
         randoms = {uid for uid, _ in like.random_uids}
         for handle, _ in imported._bound:
             uid = handle.known_uid()
             if uid not in randoms:
                 self.pack[uid] = like.pack[uid]
-        self.randoms, self.random_uids = [], []
         drawn: dict[int, Any] = {}
         for uid, (spec, base, source) in like.random_uids:
             if id(base) not in drawn:
@@ -112,8 +117,6 @@ class _RunPack:
     def _bind_module(self, imported: Any, device: Any) -> None:
         import torch
 
-        # module tensors bound: (the dict holding it, its name, the tensor, its address)
-        self.watch: list[tuple[dict, str, Any, int]] = []
         tensors: dict[tuple[str, str], Any] = {}
         for _, source in imported._bound:
             for src in (source, *_derived_leaves(imported, source)):
@@ -125,8 +128,6 @@ class _RunPack:
                     tensors[key] = table[name]
                     if table[name] is not None:
                         self.watch.append((table, name, table[name], table[name].data_ptr()))
-        # derived inputs: recomputed when a tensor they are computed from is updated in place
-        self.derived: list[tuple[int, Any, list[tuple[Any, int]]]] = []
         for handle, source in imported._bound:
             if source.kind == "derived":
                 bases = [
@@ -135,8 +136,6 @@ class _RunPack:
                     if (s.kind, s.key) in tensors and tensors[(s.kind, s.key)] is not None
                 ]
                 self.derived.append((handle.known_uid(), source, [(b, b._version) for b in bases]))
-        self.randoms: list[tuple[Any, Any]] = []  # drawn by `refresh`, in variant_pack's order
-        self.random_uids: list[tuple[int, tuple[Any, Any, Any]]] = []  # (uid, (spec, its buffer, source))
         drawn: dict[str, Any] = {}
         cache: dict[tuple[str, str], Any] = {}
         for handle, source in imported._bound:
