@@ -163,7 +163,9 @@ class Importer:
         # piece stores the wide copy for another to read (RMSNorm's fp32 residual stream after a Llama
         # projection: 32 MB written and read a norm where the bf16 one is 16 MB). Off where the import's
         # gradients are opgraph's (a train-mode module): each cast's gradient would be rounded apart.
-        self.widened: dict[int, tuple[Value, Any]] = {}
+        # (the cast output is kept in the entry and compared: an id alone could name a tensor made after a
+        # rolled-back translation freed the cast, and read another value's narrow source)
+        self.widened: dict[int, tuple[Value, Any, Tensor]] = {}
         self._readers: dict[int, tuple[Any, int]] = {}  # id(cast output) -> (its first reader, record count)
         self._recasts: dict[tuple[int, int], tuple[Tensor, int]] = {}  # (id(cast output), id(reader)) -> cast
         self.allow_tf32 = True  # whether plans may compute fp32 products with TF32 (from_torch sets it)
@@ -173,7 +175,8 @@ class Importer:
         """The graph tensor of a value, declaring a bound input on first use (looked up, not cached on
         the value, so that a rolled-back translation leaves no stale handle behind)."""
         if v.tensor is not None:
-            return self._recast(v) if id(v.tensor) in self.widened else v.tensor
+            entry = self.widened.get(id(v.tensor))
+            return self._recast(v) if entry is not None and entry[2] is v.tensor else v.tensor
         if v.uninit:
             zeros = self.torch.zeros(v.shape, dtype=v.dtype)
             self.note(f"{self.node.name}: reads an uninitialised tensor (aten.empty); bound as zeros")
@@ -199,7 +202,7 @@ class Importer:
         the cast's own node), a new cast of the narrow value for each later reader."""
         assert v.tensor is not None
         key = id(v.tensor)
-        narrow, made_by = self.widened[key]
+        narrow, made_by, _ = self.widened[key]
         first = self._readers.setdefault(key, (self.node, len(self.g._records)))[0]
         if self.node is made_by or self.node is first:
             return v.tensor
@@ -215,6 +218,8 @@ class Importer:
     def rollback(self, mark: tuple[int, int, int, int]) -> None:
         """Forget the ops, tensors and bound inputs made since `mark` (a translator gave up)."""
         records, tensors, bound, mutations = mark
+        for t in self.g._tensors[tensors:]:  # (their ids may be reused by tensors made later)
+            self.widened.pop(id(t), None)
         del self.g._records[records:]
         del self.g._tensors[tensors:]
         for _t, source in self.bound[bound:]:

@@ -117,7 +117,7 @@ def _cast_to(imp: Importer, node: Any, x: Any) -> Any:
     if imp.options.get("recast_widening") and str(dtype).removeprefix("torch.") in _WIDER.get(
         str(x.dtype).removeprefix("torch."), ()
     ):
-        imp.widened[id(cast)] = (x, node)  # (exact: each later reader casts again, Importer._recast)
+        imp.widened[id(cast)] = (x, node, cast)  # (exact: each later reader casts again, Importer._recast)
     return cast
 
 

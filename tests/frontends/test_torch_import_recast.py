@@ -76,3 +76,30 @@ def test_the_plan_stores_no_wide_copy_between_pieces():
     crossing = {u for p in pieces for u in p.outputs} & {u for p in pieces for u in p.inputs}
     wide = [graph.tensors[u] for u in crossing if graph.tensors[u].data_type is og.DataType.FLOAT]
     assert all(t.numel < 4 * 64 * 256 for t in wide), [t.name for t in wide]
+
+
+def test_a_widening_entry_reads_only_its_own_cast(monkeypatch):
+    """A widening cast's entry holds the cast and is dropped with a rolled-back translation: an id alone could
+    name a tensor made later at a freed cast's address (the Hugging Face Llama's rotary cast of its bf16
+    inv_freq, folded away and rolled back, once made the RMSNorm after the embedding read inv_freq's 32
+    values: a rank error in a fresh process, silently wrong values where the shapes had agreed)."""
+    from opgraph.frontends import torch_importer
+
+    made = []
+    init = torch_importer.Importer.__init__
+    monkeypatch.setattr(
+        torch_importer.Importer, "__init__", lambda self, *a, **k: made.append(self) or init(self, *a, **k)
+    )
+    model = Block().to(torch.bfloat16).eval()
+    x, res = torch.randn(2, 8, 32, dtype=torch.bfloat16), torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    from_torch(model, (x, res))
+    imp = made[0]
+    (narrow, node, cast), *_ = imp.widened.values()
+    other = imp.g.tensor(dim=[2, 8, 32], name="other")
+    imp.widened[id(other)] = (narrow, node, cast)  # (what a freed cast's entry says of a tensor at its address)
+    assert imp.tensor(torch_importer.Value((2, 8, 32), torch.float32, tensor=other)) is other
+    mark = imp.checkpoint()
+    rolled = imp.g.identity(other, name="rolled_back")
+    imp.widened[id(rolled)] = (narrow, node, rolled)
+    imp.rollback(mark)
+    assert id(rolled) not in imp.widened
