@@ -138,6 +138,8 @@ def _identity_positions(index: Any) -> Any:
             index = index.args[0]
         elif "add" in name and len(index.args) > 1 and index.args[1] == 0:
             index = index.args[0]
+        elif name.startswith("aten.slice.Tensor") and _whole_slice(index):
+            index = index.args[0]
         elif name.startswith("aten.arange.default"):
             return index.meta["val"].shape[0]
         elif name.startswith("aten.arange.start"):
@@ -146,3 +148,9 @@ def _identity_positions(index: Any) -> Any:
         else:
             return None
     return None
+
+
+def _whole_slice(node: Any) -> bool:
+    """Whether an FX slice node takes its whole axis from 0 (x[:, 0:], transformers' masks' x[:, :INT64_MAX])."""
+    start, end, step = (list(node.args[2:5]) + [None] * 3)[:3]
+    return start in (None, 0) and step in (None, 1) and (end is None or isinstance(end, int) and end >= 2**62)
