@@ -319,7 +319,9 @@ class _Matches:
 
     def __init__(self) -> None:
         self._found: OrderedDict[tuple[int, Device], tuple[Piece, Match[Any] | None, str]] = OrderedDict()
-        self.generated = {}
+        # a config's kernels as its template generated them for the first piece of a structure (a model's
+        # identical layers), by `generated_key`
+        self.generated: dict[tuple[Any, ...], tuple[Piece, Generated]] = {}
 
     def get(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str] | None:
         hit = self._found.get((id(piece), device))
@@ -333,9 +335,11 @@ class _Matches:
         while len(self._found) > self.SIZE:
             self._found.popitem(last=False)
 
-    # a config's kernels as its template generated them for the first piece of a structure (a model's
-    # identical layers: Piece.structure_key), by graph, structure, config and device
-    generated: dict[tuple[Any, ...], tuple[Piece, Generated]]
+    @staticmethod
+    def generated_key(piece: Piece, config: EngineConfig, device: Device) -> tuple[Any, ...]:
+        """What a piece's generated kernels are shared by: its graph, its structure (Piece.structure_key),
+        the config's knobs and the device."""
+        return (id(piece.graph), piece.structure_key(), config.knobs, device)
 
 
 # the matches of the build running in this thread (or task); None outside a build
@@ -532,7 +536,7 @@ class TritonEngine(Engine):
                 match = template.matched(piece, device)
             raw = match.generate(match.knobs(knobs))
             if (matches := _SESSION.get()) is not None:
-                matches.generated[(id(piece.graph), piece.structure_key(), config.knobs, device)] = (piece, raw)
+                matches.generated[matches.generated_key(piece, config, device)] = (piece, raw)
         generated = fp8_fill(raw, {u: t.data_type for u, t in piece.graph.tensors.items()})
         return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
 
@@ -543,7 +547,7 @@ class TritonEngine(Engine):
         tensors: the same source (the parameters' names are the other piece's; launches pass arguments
         by position). None where no such piece was generated in this build."""
         matches = _SESSION.get()
-        hit = matches.generated.get((id(piece.graph), piece.structure_key(), config.knobs, device)) if matches else None
+        hit = matches.generated.get(matches.generated_key(piece, config, device)) if matches else None
         if hit is None or hit[0].graph is not piece.graph:
             return None
         first, raw = hit
