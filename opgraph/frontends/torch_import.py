@@ -27,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
-from ..core.tensor import Tensor
+from ..core.symbolic import free_symbols
+from ..core.tensor import Tensor, packed_strides
 from .torch_fold import constant_nodes, evaluate
 from .torch_hops import inline_wrappers
 from .torch_importer import (
@@ -222,6 +223,7 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
     user_slots: list[Tensor | None] = []
     user_leaf = iter(leaves)
     state_dict = program.state_dict
+    shown = _shown_dims(nodes, kinds, folded) if is_dynamic() else frozenset()
     for n in nodes:
         if n.op != "placeholder" or n in folded:
             continue
@@ -233,6 +235,11 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
                 traced: Any = meta if is_tensor(meta) else value  # symbolic sizes where dynamic
                 shape = to_shape(traced.shape)
                 stride = to_shape(traced.stride()) or (1,)
+                if is_dynamic() and frozenset().union(*(free_symbols(v) for v in stride)) - shown:
+                    # a view whose stride holds a size no input shows (the first token's rows of a [B, S, D]
+                    # activation: stride S*D): declared packed, so the plan can lay it out (the caller's
+                    # value copied in) where it could not read the size
+                    stride = packed_strides(shape) or (1,)
                 t = imp.g.tensor(dim=og_dims(shape), stride=stride, data_type=value.dtype, name=imp._unique(n.name))
                 imp.env[n] = Value(shape, value.dtype, tensor=t)
                 user_slots.append(t)
@@ -625,3 +632,17 @@ def _wrap(imp: Importer, node: Any, out: Any) -> Any:
         metas = list(meta) if isinstance(meta, (list, tuple)) else [meta] * len(out)
         return [imp.result(o, m) if isinstance(o, Tensor) else o for o, m in zip(out, metas)]
     return out
+
+
+def _shown_dims(nodes: Any, kinds: Any, folded: Any) -> frozenset[Any]:
+    """The dynamic dims the user inputs show: in a tensor's sizes, or as a size argument."""
+    found: set[Any] = set()
+    for n in nodes:
+        if n.op != "placeholder" or n in folded or kinds.get(n.name, ("input", n.name))[0] != "input":
+            continue
+        meta = node_meta(n)
+        if hasattr(meta, "shape"):
+            found.update(*(free_symbols(d) for d in to_shape(meta.shape)))
+        elif meta is not None and not isinstance(meta, (bool, float)):
+            found.update(free_symbols(to_symint(meta)))
+    return frozenset(found)

@@ -187,3 +187,31 @@ def test_generated_kernels_take_every_shape_of_the_range():
     assert sorted(r.kind for r in made) == ["backward", "forward"], [str(r) for r in made]
     for r in made:
         assert not r.fallbacks and all(p.dims and dict(p.engines).get("triton") for p in r.partitions), str(r)
+
+
+def test_a_view_whose_stride_holds_a_size_no_input_shows_is_copied_in(caplog):
+    """BERT's pooler reads the first token's rows of [B, S, D] (a view of stride S*D) from a node PyTorch
+    runs: the next partition's input shows B and D, not S. It is declared packed (the view copied in), so
+    the partition runs in opgraph at every shape instead of failing at its first call (the plan could not
+    lay the view out without S) and falling back to PyTorch."""
+    import logging
+
+    class Pooler(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.b(torch.tanh(self.a(x)[:, 0]))
+
+    torch.manual_seed(0)
+    model = Pooler().double()
+    compiled = torch.compile(model, backend=og.torch_backend, dynamic=True)
+    first = len(reports())
+    with caplog.at_level(logging.WARNING, logger="opgraph.dynamo"), torch.no_grad():
+        for batch, seq in ((2, 5), (3, 7), (4, 6)):
+            x = torch.randn(batch, seq, 8, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    assert "failed to run" not in caplog.text, caplog.text
+    made = _made(first)
+    assert made and all(p.dims for r in made for p in r.partitions), [str(r) for r in made]
