@@ -566,6 +566,11 @@ def factory(imp: Importer, node: Any, a: Args) -> tuple[Value, str, str]:
             from .torch_ops_dynamic import arange_dynamic
 
             return arange_dynamic(imp, node, a, shape), "translated", "an index along a dynamic dim"
+        if base in ("ones", "zeros", "full"):
+            from .torch_ops_dynamic import full_dynamic
+
+            fill = {"ones": 1, "zeros": 0}.get(base, a.get("fill_value"))
+            return full_dynamic(imp, node, fill, shape), "translated", "a constant spread over dynamic dims"
         raise dynamic_refusal(node, "makes a tensor of a dynamic size", shape)
     if torch.Tag.nondeterministic_seeded in target.tags:
         dist = {"rand": "uniform", "randn": "normal"}.get(base)

@@ -100,6 +100,18 @@ def arange_dynamic(imp: Importer, node: Any, a: Args, shape: tuple[Any, ...]) ->
     return imp.result(index, node.meta["val"])
 
 
+def full_dynamic(imp: Importer, node: Any, fill: Any, shape: tuple[Any, ...]) -> Any:
+    """ones / zeros / full of a dynamic shape (an attention mask's default): the value as a constant of
+    one element per axis, expanded to the shape (`expand_dynamic`: a dynamic axis from a tensor in the
+    graph that has that size)."""
+    if not isinstance(fill, (bool, int, float)):
+        raise dynamic_refusal(node, "fills a tensor of a dynamic size with a computed value", shape)
+    meta = node.meta["val"]
+    one = imp.constant_value(imp.torch.full((1,) * len(shape), fill, dtype=meta.dtype), "fill")
+    out = expand_dynamic(imp, one, shape)
+    return out if isinstance(out, Value) else imp.result(out, meta)
+
+
 def index_dynamic(imp: Importer, node: Any, x: Value, indices: list[Any]) -> Any:
     """x[i0, i1, ...] at dynamic sizes where every index is the identity position of its axis (an arange
     of the axis' length, unsqueezed: transformers' mask functions read `x[batch_idx, q_idx]` so): the

@@ -215,3 +215,23 @@ def test_a_view_whose_stride_holds_a_size_no_input_shows_is_copied_in(caplog):
     assert "failed to run" not in caplog.text, caplog.text
     made = _made(first)
     assert made and all(p.dims for r in made for p in r.partitions), [str(r) for r in made]
+
+
+def test_ones_zeros_and_full_of_dynamic_sizes_join_the_plan():
+    """OPT's default attention mask (`torch.ones(batch, seq)`) and its kin: a constant spread over dynamic
+    dims, read off a tensor of the partition that has them, not a node left to PyTorch."""
+
+    class Filled(nn.Module):
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            b, s, d = x.shape
+            mask = torch.ones(b, s, dtype=x.dtype)
+            return x * mask[..., None] + torch.zeros(b, 1, d, dtype=x.dtype) + torch.full((b, s, 1), 2.5, dtype=x.dtype)
+
+    model = Filled()
+    compiled = torch.compile(model, backend=og.torch_backend, dynamic=True)
+    first = len(reports())
+    for batch, seq in ((2, 5), (3, 7), (4, 9)):
+        x = torch.randn(batch, seq, 4, dtype=torch.float64)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+    (report,) = _made(first)
+    assert not report.fallbacks and len(report.partitions) == 1 and report.partitions[0].dims, str(report)

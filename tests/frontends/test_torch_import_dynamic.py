@@ -288,15 +288,32 @@ def test_unbounded_dims_are_refused_with_the_fix(hint):
 
 
 def test_an_op_needing_a_static_size_is_refused_naming_the_node():
-    class Zeros(nn.Module):
+    class Noise(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + torch.zeros(x.shape[0], 8, dtype=x.dtype)
+            return x + torch.rand(x.shape[0], 8, dtype=x.dtype)
 
     x = torch.randn(3, 8, dtype=torch.float64)
     with pytest.raises(og.UnsupportedGraphError) as err:
-        from_torch(Zeros(), (x,), dynamic_shapes=({0: Dim("rows", min=1, max=9)},))
-    check_rule(err.value, "import.dynamic_op", "zeros")
+        from_torch(Noise(), (x,), dynamic_shapes=({0: Dim("rows", min=1, max=9)},))
+    check_rule(err.value, "import.dynamic_op", "rand")
     assert "rows" in str(err.value) and "static" in err.value.hint
+
+
+def test_a_constant_of_a_dynamic_size_is_spread_from_a_tensor_that_has_it():
+    """zeros / ones / full of a dynamic size (an attention mask's default): the constant expanded along the
+    dims a tensor of the graph has, at every shape."""
+
+    class Filled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.zeros(x.shape[0], 8, dtype=x.dtype) + torch.full((x.shape[0], 1), 1.5, dtype=x.dtype)
+
+    model = Filled()
+    imported = from_torch(
+        model, (torch.randn(3, 8, dtype=torch.float64),), dynamic_shapes=({0: Dim("rows", min=1, max=9)},)
+    )
+    for rows in (1, 4, 9):
+        x = torch.randn(rows, 8, dtype=torch.float64)
+        torch.testing.assert_close(imported.run(x), model(x), rtol=1e-12, atol=1e-12)
 
 
 def test_training_and_gradients_of_a_dynamic_import_keep_its_dims(mlp_import):
