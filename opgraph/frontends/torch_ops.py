@@ -469,7 +469,9 @@ def _narrow(imp: Importer, node: Any, a: Args) -> Any:
 def _select(imp: Importer, node: Any, a: Args) -> Any:
     x = a["self"]
     axis = _axis(a["dim"], x.rank)
-    index = a["index"] % x.shape[axis]
+    index, size = a["index"], x.shape[axis]
+    if not (symbolic(size) and isinstance(index, int) and index >= 0):  # (from the start of a dynamic axis:
+        index = index % size  # the slice op proves it within the axis over its range)
     part = _slice_value(imp, x, axis, index, index + 1, 1)
     shape = _shape(node)
     if isinstance(part, Value):

@@ -190,10 +190,11 @@ def test_generated_kernels_take_every_shape_of_the_range():
 
 
 def test_a_view_whose_stride_holds_a_size_no_input_shows_is_copied_in(caplog):
-    """BERT's pooler reads the first token's rows of [B, S, D] (a view of stride S*D) from a node PyTorch
-    runs: the next partition's input shows B and D, not S. It is declared packed (the view copied in), so
-    the partition runs in opgraph at every shape instead of failing at its first call (the plan could not
-    lay the view out without S) and falling back to PyTorch."""
+    """The last token's rows of [B, S, D] (a view of stride S*D; `x[:, -1]`, a select from the end of a
+    dynamic axis, is left to PyTorch) read by the next partition, whose input shows B and D, not S: it is
+    declared packed (the view copied in), so the partition runs in opgraph at every shape instead of
+    failing at its first call (the plan could not lay the view out without S) and falling back to PyTorch
+    (BERT's pooler did so before its first-token select joined the plan)."""
     import logging
 
     class Pooler(nn.Module):
@@ -202,7 +203,7 @@ def test_a_view_whose_stride_holds_a_size_no_input_shows_is_copied_in(caplog):
             self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
 
         def forward(self, x):  # type: ignore[no-untyped-def]
-            return self.b(torch.tanh(self.a(x)[:, 0]))
+            return self.b(torch.tanh(self.a(x)[:, -1]))
 
     torch.manual_seed(0)
     model = Pooler().double()
@@ -235,3 +236,27 @@ def test_ones_zeros_and_full_of_dynamic_sizes_join_the_plan():
         torch.testing.assert_close(compiled(x), model(x), **TOL)
     (report,) = _made(first)
     assert not report.fallbacks and len(report.partitions) == 1 and report.partitions[0].dims, str(report)
+
+
+def test_a_select_from_the_start_of_a_dynamic_axis_joins_the_plan():
+    """BERT's pooler: `hidden_states[:, 0]` over a dynamic sequence, in the plan (the slice op proves the
+    position within the axis over its range), no node left to PyTorch."""
+
+    class First(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return torch.tanh(self.a(x)[:, 0])
+
+    torch.manual_seed(0)
+    model = First().double()
+    compiled = torch.compile(model, backend=og.torch_backend, dynamic=True)
+    first = len(reports())
+    with torch.no_grad():
+        for batch, seq in ((2, 5), (3, 7), (4, 6)):
+            x = torch.randn(batch, seq, 8, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    (report,) = _made(first)
+    assert not report.fallbacks and len(report.partitions) == 1, str(report)
