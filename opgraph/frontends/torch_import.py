@@ -236,9 +236,9 @@ def _translate(imp: Importer, args: tuple) -> ImportedGraph:
                 shape = to_shape(traced.shape)
                 stride = to_shape(traced.stride()) or (1,)
                 if is_dynamic() and frozenset().union(*(free_symbols(v) for v in stride)) - shown:
-                    # a view whose stride holds a size no input shows (the first token's rows of a [B, S, D]
-                    # activation: stride S*D): declared packed, so the plan can lay it out (the caller's
-                    # value copied in) where it could not read the size
+                    # a view whose stride holds a size no input shows ([B, S, D]'s rows at one position, made
+                    # by a node PyTorch runs: stride S*D): declared packed, so the plan can lay it out (the
+                    # caller's value copied in) where it could not read the size
                     stride = packed_strides(shape) or (1,)
                 t = imp.g.tensor(dim=og_dims(shape), stride=stride, data_type=value.dtype, name=imp._unique(n.name))
                 imp.env[n] = Value(shape, value.dtype, tensor=t)
