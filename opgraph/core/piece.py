@@ -79,9 +79,12 @@ class Piece:
         """What identical pieces share: the signature, and the by-reference and virtual flags of the
         tensors in `uid_order` (which the signature leaves out; a kernel reads a by-reference buffer
         through the address table)."""
-        return self._structure[0], tuple(
-            (self.tensor(u).is_by_reference, self.tensor(u).is_virtual) for u in self._structure[1]
-        )
+        return self._structure_key
+
+    @cached_property
+    def _structure_key(self) -> tuple[str, tuple[tuple[bool, bool], ...]]:
+        flags = tuple((self.tensor(u).is_by_reference, self.tensor(u).is_virtual) for u in self._structure[1])
+        return self._structure[0], flags
 
     @cached_property
     def _structure(self) -> tuple[str, tuple[int, ...]]:

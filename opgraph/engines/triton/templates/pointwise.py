@@ -620,21 +620,11 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         chains = self.symbolic_chains
         lines = _emit(piece, flat, views, None, sizes.text).lines if chains is None else _copies(flat, piece, chains)
         body = [f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)", mask, *flat.coordinate_lines(), *lines]
-        params, args = external_params(piece, externals)
-        params += sizes.params
-        kernel = f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n"
-        source = module_source(sizes.declaration(), kernel)
         block = knobs.BLOCK
         assert block is not None
         programs, grid = sizes.grid(math.prod(first.dim), block)
-        launch = Launch(
-            "kernel",
-            (programs,),
-            (*args, *sizes.args()),
-            (("BLOCK", block), ("num_warps", knobs.warps)),
-            grid_expr=(grid,),
-        )
-        return Generated(source, (launch,))
+        meta = (("BLOCK", block), ("num_warps", knobs.warps))
+        return _sized_kernel(piece, sizes, body, meta, programs, grid, ("BLOCK: tl.constexpr",))
 
     def _generate_sized_rows(
         self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes, big: bool
@@ -647,18 +637,26 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         indexer = TileIndexer(first.dim, *self.rows, order, big, knobs.ROWS, knobs.COLS, sizes.text)
         lines = _emit(piece, indexer, views, None, sizes.text).lines
         body = [*indexer.coordinate_lines(), *lines]
-        params, args = external_params(piece, [*piece.inputs, *piece.outputs])
-        params += sizes.params
-        source = module_source(sizes.declaration(), f"def kernel({', '.join(params)}):\n{indent(body)}\n")
         grid = indexer.grid()
-        launch = Launch(
-            "kernel",
-            (evaluate(grid, sizes.env),),
-            (*args, *sizes.args()),
-            (("num_warps", knobs.warps),),
-            grid_expr=(grid,),
-        )
-        return Generated(source, (launch,))
+        return _sized_kernel(piece, sizes, body, (("num_warps", knobs.warps),), evaluate(grid, sizes.env), grid)
+
+
+def _sized_kernel(
+    piece: Piece,
+    sizes: Sizes,
+    body: list[str],
+    meta: tuple[tuple[str, Any], ...],
+    programs: int,
+    grid: Any,
+    constexprs: tuple[str, ...] = (),
+) -> Generated:
+    """A bucket kernel's module and launch: the piece's buffers, then the run-time sizes its body spelled
+    (asked after the body is made), then `constexprs`; the grid's value at the bucket's hint and its
+    expression of the dims."""
+    params, args = external_params(piece, [*piece.inputs, *piece.outputs])
+    params = [*params, *sizes.params, *constexprs]
+    source = module_source(sizes.declaration(), f"def kernel({', '.join(params)}):\n{indent(body)}\n")
+    return Generated(source, (Launch("kernel", (programs,), (*args, *sizes.args()), meta, grid_expr=(grid,)),))
 
 
 def _copies(flat: FlatIndexer, piece: Piece, chains: Mapping[int, tuple[Any, ...]]) -> list[str]:
