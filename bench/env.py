@@ -141,22 +141,41 @@ def _gemm_tflops(device: str, m: int, dtype: Any, budget: measure.Budget) -> flo
     return 2 * m**3 / _device_us(lambda: torch.mm(x, y), device.startswith("cuda"), budget) / 1e6
 
 
+def _fp8_gemm_tflops(device: str, m: int, budget: measure.Budget) -> float | None:
+    """cuBLASLt's E4M3 GEMM rate (torch._scaled_mm, per-tensor scales, bf16 out); None where the GPU or
+    PyTorch has none."""
+    import torch
+
+    f8 = torch.float8_e4m3fn
+    x = torch.randn(m, m, device=device).to(f8)
+    y = torch.randn(m, m, device=device).to(f8).t()
+    one = torch.ones((), device=device)
+    call = lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    try:
+        call()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return 2 * m**3 / _device_us(call, device.startswith("cuda"), budget) / 1e6
+
+
 def ceilings(device: str, budget: measure.Budget) -> Ceilings:
     """Copy bandwidth (bytes read + written per second, 1 GiB moved per copy), read bandwidth (the
     faster of a sum over 512 MiB and a matrix-vector product reading it) and the cuBLAS GEMM rate at
-    8192^3 for fp16 and bf16, each as device time from the suite's CUDA-graph helper."""
+    8192^3 for fp16 and bf16 (and E4M3 where the GPU has fp8 tensor cores), each as device time from the
+    suite's CUDA-graph helper."""
     import torch
 
     cuda = device.startswith("cuda")
     n, m = (256 << 20, 8192) if cuda else (1 << 20, 256)
-    return Ceilings(
-        _copy_gbps(device, n, budget),
-        {
-            "float16": _gemm_tflops(device, m, torch.float16, budget),
-            "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget),
-        },
-        _read_gbps(device, n, budget),
-    )
+    rates = {
+        "float16": _gemm_tflops(device, m, torch.float16, budget),
+        "bfloat16": _gemm_tflops(device, m, torch.bfloat16, budget),
+    }
+    if cuda and torch.cuda.get_device_capability(device) >= (8, 9):
+        fp8 = _fp8_gemm_tflops(device, m, budget)
+        if fp8 is not None:
+            rates["float8_e4m3fn"] = fp8
+    return Ceilings(_copy_gbps(device, n, budget), rates, _read_gbps(device, n, budget))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ from typing import Any, Mapping, Sequence
 # torch.cuda.get_device_name() reports; the first matching key wins (more specific names first).
 DATASHEET: tuple[tuple[str, dict[str, float]], ...] = (
     ("H200 NVL", {"float16": 835.0, "bfloat16": 835.0, "hbm_gbps": 4800.0}),
-    ("H200", {"float16": 989.4, "bfloat16": 989.4, "hbm_gbps": 4800.0}),
+    ("H200", {"float16": 989.4, "bfloat16": 989.4, "float8_e4m3fn": 1978.9, "hbm_gbps": 4800.0}),
     ("H100 NVL", {"float16": 835.0, "bfloat16": 835.0, "hbm_gbps": 3900.0}),
     ("H100 PCIe", {"float16": 756.0, "bfloat16": 756.0, "hbm_gbps": 2000.0}),
-    ("H100", {"float16": 989.4, "bfloat16": 989.4, "hbm_gbps": 3350.0}),  # SXM5 80GB HBM3
+    ("H100", {"float16": 989.4, "bfloat16": 989.4, "float8_e4m3fn": 1978.9, "hbm_gbps": 3350.0}),  # SXM5 80GB HBM3
     ("A100", {"float16": 312.0, "bfloat16": 312.0, "hbm_gbps": 2039.0}),
 )
 

@@ -26,9 +26,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 FACTOR = 3.0
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+UNIT_ROUNDOFF = {
+    "float8_e4m3fn": 2.0**-4,
+    "float8_e5m2": 2.0**-3,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float32": 2.0**-24,
+    "float64": 2.0**-53,
+}
 # used only when no peer computes the output: a few units of the type's rounding at these sizes
-FALLBACK = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-5, "float64": 1e-12}
+FALLBACK = {
+    "float8_e4m3fn": 0.12,
+    "float8_e5m2": 0.25,
+    "float16": 2e-3,
+    "bfloat16": 1.6e-2,
+    "float32": 1e-5,
+    "float64": 1e-12,
+}
 ABSOLUTE_FLOOR = 1e-12  # an absolute error this small is the float64 reference's own rounding
 SANE = 0.5  # above this relative error (or non-finite) an output is garbage: its implementation is not timed
 

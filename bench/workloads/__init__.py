@@ -12,6 +12,7 @@ MODULES = (
     "conv",
     "conv_backward",
     "matmul",
+    "matmul_fp8",
     "networks",
     "training",
     "host",

@@ -50,6 +50,8 @@ SIG = {
     "INT32": "i32",
     "INT64": "i64",
     "BOOLEAN": "i1",
+    "FP8_E4M3": "fp8e4nv",
+    "FP8_E5M2": "fp8e5",
 }
 SCRATCH_SIG = {
     "float32": "fp32",
@@ -67,7 +69,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     and print a line per launch:
 
         compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H
-                 signbit S tma T KNOBS
+                 signbit S tma T
+                 wgmma W wgmma.fp8 F KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece (or the piece itself: one of a dynamic plan's bucket), compiled with the
@@ -170,6 +173,9 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     )
                 )
                 tma = ptx.count("cp.async.bulk.tensor")
+                # Hopper's asynchronous tensor-core products, and those of them on fp8 operands
+                wgmma = len(re.findall(r"\bwgmma\.mma_async\b", ptx))
+                wgmma_fp8 = len(re.findall(r"\bwgmma\.mma_async[\w.]*\.e[45]m[23]\.e[45]m[23]\b", ptx))
                 print(
                     "compiled",
                     name,
@@ -198,6 +204,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     signbit,
                     "tma",
                     tma,
+                    "wgmma",
+                    wgmma,
+                    "wgmma.fp8",
+                    wgmma_fp8,
                     k,
                 )
 

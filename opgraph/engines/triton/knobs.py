@@ -139,6 +139,9 @@ class TileKnobs(Knobs):
     EPI_M: int | None = None  # rows of the split-K epilogue launch's tiles (derived: ~2 programs per SM)
     EPI_N: int | None = None  # its columns
     fp32_precision: str | None = None  # fp32 operands: "tf32" (tensor cores) or "ieee" ("tf32")
+    # fp8 x fp8 on Hopper: K elements the tensor cores sum in their own reduced-precision accumulator before
+    # the sum joins the fp32 one (32 .. BLOCK_K); 0: the whole loop (cuBLAS's fast accumulation, noted) (BLOCK_K)
+    FP8_ACC: int | None = None
     PHASES: int | None = None  # conv_dgrad, stride > 1: 1 programs per stride phase (no holes), 0 masked (1)
     TAPS: int | None = None  # conv_wgrad: filter taps a program accumulates, one DY tile for all (1)
     COMBINE_M: int | None = None  # conv_wgrad: rows of the combine launch's tiles (derived)
@@ -192,6 +195,15 @@ class TileKnobs(Knobs):
                 rule="triton.gemm.fp32_precision",
                 hint="use 'tf32' (tensor cores, 10-bit mantissa inputs) or 'ieee' (full fp32)",
             )
+        if self.FP8_ACC is not None and self.FP8_ACC != 0:
+            _power_of_two("FP8_ACC", self.FP8_ACC, 32, rule, "use 0 (fast accumulation) or 32 .. BLOCK_K")
+            if self.BLOCK_K is not None and self.FP8_ACC > self.BLOCK_K:
+                raise AttributeValueError(
+                    f"FP8_ACC={self.FP8_ACC} is more than BLOCK_K={self.BLOCK_K}: the tensor cores' sum joins the "
+                    "fp32 accumulator at least once a main-loop step",
+                    rule=rule,
+                    hint="use 0 (fast accumulation) or a power of two from 32 to BLOCK_K",
+                )
         for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS", "WCOPY", "UNROLL"):
             _one_of(key, getattr(self, key), (0, 1), rule, f"use {key}=0 or 1")
         if self.TMA_HOST and not self.TMA:

@@ -77,6 +77,7 @@ from .constants import (
     VIEW_KINDS,
 )
 from .dots import (
+    FP8_TYPES,
     DotKind,
     dot_kind,
     fp32_knobs,
@@ -172,6 +173,7 @@ __all__ = [
     "analyze",
     "can_subtile",
     "decompose",
+    "FP8_TYPES",
     "dot_kind",
     "epilogue",
     "epilogue_tiling",

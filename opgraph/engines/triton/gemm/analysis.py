@@ -22,8 +22,9 @@ from .space import OutputSpace
 @dataclass(frozen=True)
 class Reduce:
     """A reduction at the end of the epilogue. `along` is "rows" when it sums the tile's rows (one
-    result per column: genstats of a conv) or "cols" (one result per row: a row reduction);
-    `batch_reduced` says whether the per-program axes are reduced too."""
+    result per column: genstats of a conv), "cols" (one result per row: a row reduction) or "all" (one
+    result per batch entry, or one: an fp8 GEMM's amax); `batch_reduced` says whether the per-program
+    axes are reduced too."""
 
     node: Node
     source: int
@@ -342,7 +343,9 @@ def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:
         return Reduce(node, src, "rows", bool(batch_red), count)
     if cols and cols <= axes and not axes & rows and axes <= cols | batch:
         return Reduce(node, src, "cols", bool(batch_red), count)
+    if rows and cols and rows | cols <= axes:
+        return Reduce(node, src, "all", bool(batch_red), count)
     return (
         f"{node.label()} reduces axes {sorted(axes)}; a GEMM epilogue reduces all of the tile's row "
-        f"axes {sorted(rows)} or its column axis {sorted(cols)} (plus, optionally, the batch axes)"
+        f"axes {sorted(rows)}, its column axis {sorted(cols)} or both (plus, optionally, the batch axes)"
     )

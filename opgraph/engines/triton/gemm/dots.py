@@ -20,29 +20,52 @@ class DotKind:
     acc: str
     precision: str | None = None
     notes: frozenset[NumericalNote] = frozenset()
+    fp8: bool = False  # fp8 tiles multiplied as they are loaded (Hopper's fp8 tensor cores)
+    # with fp8: K elements summed in the tensor cores before each fp32 add (None: a main-loop step, BLOCK_K;
+    # 0: the whole loop, fast accumulation)
+    fp8_acc: int | None = None
 
     @property
     def is_int(self) -> bool:
         return self.acc == "tl.int32"
+
+    def target(self, dtype: DataType) -> str:
+        """The tl type a tile of `dtype` is converted to before the product: `operand`, or an fp8 tile's
+        own type where the product takes fp8 as it is (E4M3 and E5M2 mix)."""
+        return _FP8_TL[dtype] if self.fp8 and dtype in _FP8_TL else self.operand
 
     def call(self, a: str, b: str, acc: str) -> str:
         if self.is_int:
             return f"tl.dot({a}, {b}, {acc}, out_dtype=tl.int32)"
         if self.precision is not None:
             return f'tl.dot({a}, {b}, {acc}, input_precision="{self.precision}")'
+        if self.fp8 and self.fp8_acc != 0:
+            return f"tl.dot({a}, {b}, {acc}, max_num_imprecise_acc={self.fp8_acc or 'BLOCK_K'})"
         return f"tl.dot({a}, {b}, {acc})"
 
 
-_FP8 = (DataType.FP8_E4M3, DataType.FP8_E5M2)
+FP8_TYPES = (DataType.FP8_E4M3, DataType.FP8_E5M2)
+_FP8_TL = {DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5"}
 
 
-def dot_kind(a: DataType, b: DataType, *, interpret: bool, fp32_precision: str = "tf32") -> DotKind | str:
+def dot_kind(
+    a: DataType,
+    b: DataType,
+    *,
+    interpret: bool,
+    fp32_precision: str = "tf32",
+    native_fp8: bool = False,
+    fp8_acc: int | None = None,
+) -> DotKind | str:
     """The product of operand types `a` and `b`, or why the template cannot multiply them.
 
     fp16 x fp16 and bf16 x bf16 run on tensor cores as they are (bf16 upcast to fp32 under the
-    interpreter, whose bf16 arithmetic is wrong); fp8 is widened to fp16 exactly; mixed 16-bit
-    types run as tf32, which holds fp16 and bf16 values exactly; any fp32 operand runs as tf32
-    (a numerical note) unless fp32_precision="ieee"; int8 x int8 accumulates in int32."""
+    interpreter, whose bf16 arithmetic is wrong); fp8 x fp8 with `native_fp8` (a template whose fp8
+    tiles come straight from memory, on the GPU) runs on the fp8 tensor cores, fp32 accumulation;
+    other fp8 is widened to fp16 exactly (`fp8_acc`: TileKnobs.FP8_ACC, the fast accumulation of 0 noted
+    REDUCED_PRECISION_REDUCTION: Hopper's fp8 tensor cores keep fewer bits than fp32 in their sums); mixed 16-bit types run as tf32, which holds fp16 and bf16
+    values exactly; any fp32 operand runs as tf32 (a numerical note) unless fp32_precision="ieee";
+    int8 x int8 accumulates in int32."""
     ints = (a.is_integer, b.is_integer)
     if any(ints):
         if a is DataType.INT8 and b is DataType.INT8:
@@ -50,7 +73,10 @@ def dot_kind(a: DataType, b: DataType, *, interpret: bool, fp32_precision: str =
         return f"integer GEMM operands must both be INT8 (got {a.name} x {b.name})"
     if DataType.DOUBLE in (a, b):
         return "DOUBLE GEMM operands are not supported by the Triton templates"
-    narrow = {a if a not in _FP8 else DataType.HALF, b if b not in _FP8 else DataType.HALF}
+    if native_fp8 and not interpret and a in FP8_TYPES and b in FP8_TYPES:
+        notes = frozenset({NumericalNote.REDUCED_PRECISION_REDUCTION}) if fp8_acc == 0 else frozenset()
+        return DotKind(_FP8_TL[a], "tl.float32", notes=notes, fp8=True, fp8_acc=fp8_acc)
+    narrow = {a if a not in FP8_TYPES else DataType.HALF, b if b not in FP8_TYPES else DataType.HALF}
     if narrow == {DataType.HALF}:
         return DotKind("tl.float16", "tl.float32")
     if DataType.FLOAT not in narrow:
@@ -96,10 +122,12 @@ def stencil_dot(a: DataType) -> DotKind:
     return DotKind("tl.int32", "tl.int32") if a.is_integer else DotKind("tl.float32", "tl.float32")
 
 
-def operand_bytes(a: DataType, b: DataType) -> int:
-    """Bytes per element of the tiles tl.dot multiplies (fp8 is widened to fp16, mixed 16-bit types
-    and fp32 run as 32-bit): what shared memory holds per stage."""
+def operand_bytes(a: DataType, b: DataType, *, native_fp8: bool = False) -> int:
+    """Bytes per element of the tiles tl.dot multiplies (fp8 is widened to fp16 unless `native_fp8`
+    (see dot_kind), mixed 16-bit types and fp32 run as 32-bit): what shared memory holds per stage."""
     if a is DataType.INT8 and b is DataType.INT8:
         return 1
-    narrow = {DataType.HALF if t in _FP8 else t for t in (a, b)}
+    if native_fp8 and a in FP8_TYPES and b in FP8_TYPES:
+        return 1
+    narrow = {DataType.HALF if t in FP8_TYPES else t for t in (a, b)}
     return 2 if narrow in ({DataType.HALF}, {DataType.BFLOAT16}) else 4

@@ -104,7 +104,7 @@ def operand_tile(
     uid = (node or gp.main).input(role)
     assert isinstance(uid, int)
     desc = gp.tensor(uid)
-    target = ctx.dot.operand if ctx.dot is not None else ctx.compute
+    target = ctx.dot.target(desc.data_type) if ctx.dot is not None else ctx.compute
     nodes = gp.prologue.get(uid, ())
     if not nodes:
         load = indexer.load_tile(desc, ctx.ptr_of(sig)(uid))
@@ -178,7 +178,7 @@ def epilogue(
         f"{a}_h0, {a}_h1 = tl.split(tl.permute(tl.reshape({a}, (BLOCK_M, 2, {half})), (0, 2, 1)))"
         for a in (acc, *siblings)
     ]
-    across = [p for p in ctx.reductions if p.red.along == "cols"]  # (partials of the halves add up)
+    across = [p for p in ctx.reductions if p.red.along != "rows"]  # (partials of the halves add up)
     for p in across:
         lines += p.init_lines(_HALVES, "BLOCK_M")
     for h in range(2):
@@ -288,7 +288,7 @@ def _epilogue_tile(
             em.store(uid)
     lines = em.lines
     for plan in ctx.reductions:
-        into = _HALVES if halves and plan.red.along == "cols" else accumulate
+        into = _HALVES if halves and plan.red.along != "rows" else accumulate
         if into:
             lines += plan.partial_lines(em.values[plan.red.source], indexer) + plan.accumulate_lines(into)
         else:
@@ -345,8 +345,10 @@ class ReductionPlan:
         # largest shape, indexed by the run-time length)
         if red.along == "rows":
             slots, length = static(nb_red * t.npm), nb_keep * sp.dims[sp.col]
-        else:
+        elif red.along == "cols":
             slots, length = static(nb_red * sp.groups * t.npn), nb_keep * sp.m
+        else:  # (one partial a tile)
+            slots, length = static(nb_red * sp.groups * t.npm * t.npn), nb_keep
         node = red.node
         outs: list[tuple[int, str, str]] = []
         if isinstance(node.op, GenStats):
@@ -375,16 +377,21 @@ class ReductionPlan:
     def _kept(self, ctx: Context) -> tuple[str, str, str | None]:
         """(kept index, slot index, mask) of this program's partial vector."""
         sp, t = ctx.tiling.space, ctx.tiling
+        cols = f"(g * {t.npn} + pid_n)" if sp.groups > 1 else "pid_n"
         if self.red.along == "rows":
             base, extent, mask = "col", sp.dims[sp.col], t.cmask
             slot = "pid_m"
             slot_extent = t.npm
-        else:
+        elif self.red.along == "cols":
             base, extent, mask = "rm", sp.m, t.rmask
-            slot = f"(g * {t.npn} + pid_n)" if sp.groups > 1 else "pid_n"
+            slot = cols
             slot_extent = sp.groups * t.npn
+        else:
+            base, extent, mask = "0", 1, None
+            slot = f"pid_m * {t.text(sp.groups * t.npn)} + {cols}"
+            slot_extent = sp.groups * t.npm * t.npn
         if above_one(sp.nbatch) and not self.red.batch_reduced:
-            base = f"bb * {t.text(extent)} + {base}"
+            base = "bb" if self.red.along == "all" else f"bb * {t.text(extent)} + {base}"
         if above_one(sp.nbatch) and self.red.batch_reduced:
             slot = f"bb * {t.text(slot_extent)} + {slot}"
         return base, slot, mask
@@ -396,20 +403,24 @@ class ReductionPlan:
     def partial_lines(self, value: str, indexer: TileIndexer) -> list[str]:
         """Lines leaving this tile's partial of each array in red_{uid} (masked rows/columns read
         the identity)."""
-        axis = 0 if self.red.along == "rows" else 1
+        axes = {"rows": (0,), "cols": (1,), "all": (1, 0)}[self.red.along]
         full = indexer.mask()
         lines = [f"red_v = tl.broadcast_to({value}, ({indexer.shape[0]}, {indexer.shape[1]}))"]
+
+        def over(fn: str, x: str) -> str:
+            for axis in axes:
+                x = f"tl.{fn}({x}, axis={axis})"
+            return x
+
         for uid, kind, _fin, _offset in self.arrays:
             expr, identity, combine = _PARTIAL[kind]
             term = expr.format(v="red_v")
             if full is not None:
                 term = f"tl.where({full}, {term}, {identity})"
-            lines.append(f"red_{uid} = tl.{combine}({term}, axis={axis})")
+            lines.append(f"red_{uid} = {over(combine, term)}")
             if combine != "sum":  # max/min drop NaN; the reference's propagate it
-                lines.append(
-                    f"red_{uid} = tl.where(tl.max(({term} != {term}).to(tl.int32), axis={axis}) > 0, "
-                    f"float('nan'), red_{uid})"
-                )
+                nans = over("max", f"({term} != {term}).to(tl.int32)")
+                lines.append(f"red_{uid} = tl.where({nans} > 0, float('nan'), red_{uid})")
         return lines
 
     def accumulate_lines(self, into: str) -> list[str]:
@@ -427,22 +438,24 @@ class ReductionPlan:
         return out
 
     def init_lines(self, into: str, extent: str) -> list[str]:
+        """Running partials of `extent` positions (one, a scalar, for a reduction over the whole tile)."""
+        shape = "()" if self.red.along == "all" else f"({extent},)"
         return [
-            f"{into}{uid} = tl.full(({extent},), {_PARTIAL[kind][1]}, tl.float32)"
+            f"{into}{uid} = tl.full({shape}, {_PARTIAL[kind][1]}, tl.float32)"
             for uid, kind, _fin, _offset in self.arrays
         ]
 
     def store_lines(self, ctx: Context, sig: Signature, names: Mapping[int, str], indexer: TileIndexer) -> list[str]:
         """Stores of the partial vectors `names` ({uid: name}): this program's slot in scratch, or
         the finalized results when one program covers all partials (one slot)."""
-        axis = 0 if self.red.along == "rows" else 1
+        vector = {"rows": "col", "cols": "row", "all": None}[self.red.along]
         kept, slot, mask = self._kept(ctx)
         lines = []
         for uid, _kind, fin, offset in self.arrays:
             part = names[uid]
             if self.slots == 1:
                 desc = ctx.tensors[uid]
-                address = self._result_address(ctx, desc, ctx.ptr_of(sig)(uid), "row" if axis == 1 else "col")
+                address = self._result_address(ctx, desc, ctx.ptr_of(sig)(uid), vector)
                 value_out = to_storage(self.finalize(part, fin), desc.data_type, ctx.compute)
                 lines.append(f"tl.store({address}, {value_out}{f', mask={mask}' if mask else ''})")
             else:
@@ -453,9 +466,9 @@ class ReductionPlan:
                 )
         return lines
 
-    def _result_address(self, ctx: Context, desc: TensorDesc, ptr: str, vector: str) -> str:
+    def _result_address(self, ctx: Context, desc: TensorDesc, ptr: str, vector: str | None) -> str:
         """Address of the results of this program's partial vector in output `desc`: a vector along
-        the tile's columns (vector="col") or rows ("row"), in tile coordinates y{axis}."""
+        the tile's columns (vector="col") or rows ("row"), or one value (None), in tile coordinates y{axis}."""
         sp, text = ctx.tiling.space, ctx.tiling.text
         terms = []
         for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
@@ -466,7 +479,7 @@ class ReductionPlan:
             terms.append("col * 0")
         if vector == "row" and not any(sp.where(a) == "r" for a, d in enumerate(desc.dim) if above_one(d)):
             terms.append("rm * 0")
-        return f"{ptr} + {' + '.join(terms)}"
+        return f"{ptr} + {' + '.join(terms) or '0'}"
 
     def combine_source(self, ctx: Context, index: int) -> tuple[str, Launch]:
         """A kernel reducing the partials of each kept position in fixed order and writing the
@@ -488,11 +501,13 @@ class ReductionPlan:
         ]
         # decode the kept index into output coordinates
         if self.red.along == "rows":
-            extent = sp.dims[sp.col]
+            extent: SymInt = sp.dims[sp.col]
             inner = [(sp.col, extent)]
-        else:
+        elif self.red.along == "cols":
             extent = sp.m
             inner = [(a, sp.dims[a]) for a in sp.rows]
+        else:
+            extent, inner = 1, []
         if above_one(sp.nbatch) and not self.red.batch_reduced:
             body += [f"kb = l // {text(extent)}", f"ki = l % {text(extent)}"]
             body += decompose("kb", [(a, sp.dims[a]) for a in sp.batch], "y", text)

@@ -264,6 +264,7 @@ class TileTemplate(Template):
     splits_k = True  # whether SPLIT_K > 1 is meaningful (the main loop reduces)
     dot_roles: tuple[str, ...] = ()  # the main op's inputs that tl.dot multiplies (A, B), if it does
     sibling_mains = False  # whether a piece may hold products of the same A beside the main op (analyze)
+    whole_reductions = False  # whether the epilogue may reduce both tile axes (Reduce.along "all")
     knob_class = TileKnobs
     match_class: ClassVar[type[TileMatch]]
 
@@ -279,6 +280,13 @@ class TileTemplate(Template):
         gp, verdict = self.analyze(piece)
         if gp is None:
             return verdict
+        whole = next((r.node for r in gp.reductions if r.along == "all"), None)
+        if whole is not None and not self.whole_reductions:
+            return Support.no(
+                f"{whole.label()} reduces the rows and the columns of the {self.main_label}'s output; the "
+                f"{self.name} template's epilogue reduces one of them (the matmul template reduces both)",
+                whole,
+            )
         if DataType.DOUBLE in (gp.main.compute_data_type, gp.tensor(gp.out).data_type):
             return Support.no(
                 f"{gp.main.label()} computes or returns DOUBLE: the templates accumulate in fp32, not float64", gp.main
@@ -311,7 +319,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         types of the `dot_roles` operands."""
         if self.template.dot_roles:
             a, b = (self.gp.operand(role).data_type for role in self.template.dot_roles)
-            kind = dot_kind(a, b, interpret=self.interpret)
+            kind = dot_kind(a, b, interpret=self.interpret, native_fp8=self.native_fp8)
             if isinstance(kind, str):
                 return Support.no(kind, self.gp.main)
         return Support.yes()
@@ -345,9 +353,17 @@ class TileMatch(Match[TileKnobs], TileLoop):
         if not roles:
             return None
         a, b = (self.gp.operand(role).data_type for role in roles)
-        kind = dot_kind(a, b, interpret=self.interpret, fp32_precision=k.precision)
+        kind = dot_kind(
+            a, b, interpret=self.interpret, fp32_precision=k.precision, native_fp8=self.native_fp8, fp8_acc=k.FP8_ACC
+        )
         assert not isinstance(kind, str)
         return kind
+
+    @property
+    def native_fp8(self) -> bool:
+        """Whether fp8 operands go to tl.dot as they are loaded (`dot_kind`): templates whose operand tiles
+        are read from memory without a prologue say so; by default they are widened to fp16."""
+        return False
 
     def steps(self, k: TileKnobs) -> int:
         """The trip count of the config's main loop, whatever its strategy (`iterations` is the plain loop's)."""

@@ -53,6 +53,7 @@ from ....core.tensor import TensorDesc
 from ...shared.symbolic import symbolic_piece
 from ..expr import TL_DTYPE
 from ..gemm import (
+    FP8_TYPES,
     Context,
     GemmPiece,
     MainLoop,
@@ -153,6 +154,7 @@ class MatmulTemplate(TileTemplate):
     main_label = "matmul"
     dot_roles = ("A", "B")
     sibling_mains = True
+    whole_reductions = True
 
     def sized_knobs(self, knobs: TileKnobs) -> bool:
         """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
@@ -196,7 +198,19 @@ class MatmulMatch(TileMatch):
     def problem(self) -> tuple[int, int, int, int]:
         """(M, N, K, bytes an operand element) of the product (of each product, with siblings)."""
         a, b = self.gp.operand("A"), self.gp.operand("B")
-        return self.gp.space.m, self.gp.space.n, a.dim[-1], operand_bytes(a.data_type, b.data_type)
+        native = self.native_fp8 and not self.interpret
+        return self.gp.space.m, self.gp.space.n, a.dim[-1], operand_bytes(a.data_type, b.data_type, native_fp8=native)
+
+    @cached_property
+    def native_fp8(self) -> bool:
+        """Whether the operands are fp8 and multiply on the fp8 tensor cores: every operand tile loaded as it
+        is in memory (no prologue: a computed fp8 operand is widened) on a GPU that has them (sm_89 and up)."""
+        capability = self.device.capability
+        if not self.device.is_cuda or capability is None or capability < (8, 9):
+            return False
+        uids = [node.input(_kind(role)) for role, node in operand_roles(self.gp).items()]
+        ints = [u for u in uids if isinstance(u, int)]
+        return all(self.gp.tensor(u).data_type in FP8_TYPES and not self.gp.prologue.get(u) for u in ints)
 
     @cached_property
     def descriptors(self) -> dict[str, Descriptor]:
@@ -435,7 +449,22 @@ class MatmulMatch(TileMatch):
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
         if self.focus is not None:
             configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
-        return finish_candidates(configs, gp, device, extra)
+        configs = finish_candidates(configs, gp, device, extra)
+        return self._fp8_accumulation(configs) if self.native_fp8 and not self.interpret else configs
+
+    def _fp8_accumulation(self, configs: list[TileKnobs]) -> list[TileKnobs]:
+        """An fp8 product's configs: the fp32 accumulator joined once a main-loop step (FP8_ACC's default,
+        what cuBLAS's fp8 GEMM does unless asked for fast accumulation), in tiles at most 128 columns wide
+        (a 64 x 256 warpgroup tile holds its fp32 sum beside the tensor cores' and runs 1.7x slower), then the
+        first config with fast accumulation (FP8_ACC=0, its numerical note), for tuning to weigh; tiles of at
+        most 128 x 128 where an output is fp8 (bench/results/constants.md#fp8-accumulation)."""
+        narrow = [c for c in configs[:-1] if c.BLOCK_N <= 128] + configs[-1:]
+        if any(self.gp.tensor(u).data_type in FP8_TYPES for u in self.gp.stores):
+            # (an fp8 output's exact encoding, integer arithmetic on the bits, spills beside a 256 x 128 tile's
+            # two accumulators; 128 x 128 tiles of 8 warps ran it 1.5x faster)
+            narrow = [c for c in narrow[:-1] if c.BLOCK_M * c.BLOCK_N <= 16384] + narrow[-1:]
+        fast = configs[0].replace(FP8_ACC=0)
+        return list(dict.fromkeys([narrow[0], fast, *narrow[1:]]))
 
     def _per_shape(self, c: TileKnobs) -> bool:
         # A bucket's piece ranks the configs of one kernel for the whole bucket first (unsplit versions of
@@ -529,7 +558,7 @@ class MatmulMatch(TileMatch):
             expr += f".reshape({tile[0]}, {tile[1]})"
         if d.transposed:
             expr += ".T"
-        target = ctx.dot.operand if ctx.dot is not None else ctx.compute
+        target = ctx.dot.target(d.desc.data_type) if ctx.dot is not None else ctx.compute
         if TL_DTYPE[d.desc.data_type] != target:
             expr += f".to({target})"
         return [f"{name} = {expr}"]
