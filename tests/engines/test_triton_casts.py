@@ -163,7 +163,7 @@ def _helper_module(body: str):
 def test_triton_encoders_round_like_the_reference(dt, src):
     import torch
 
-    name = {D.BFLOAT16: "_og_to_bf16_bits", D.FP8_E4M3: "_og_to_e4m3", D.FP8_E5M2: "_og_to_e5m2"}[dt]
+    name = {D.BFLOAT16: "_og_to_bf16_bits", D.FP8_E4M3: "_og_to_e4m3_bits", D.FP8_E5M2: "_og_to_e5m2"}[dt]
     n = 64
     mod = _helper_module(f"def kernel(p, q):\n    i = tl.arange(0, {n})\n    tl.store(q + i, {name}(tl.load(p + i)))\n")
     rng = np.random.default_rng(3)
@@ -242,3 +242,23 @@ def test_bf16_pieces_decline_gpus_before_sm80():
     t, why = template(D.BFLOAT16, (7, 5))
     assert t is None and "compute capability 8.0" in why and "7.5" in why
     assert template(D.BFLOAT16, (8, 0))[0] is not None and template(D.HALF, (7, 5))[0] is not None
+
+
+def test_e4m3_results_decline_gpus_before_sm89():
+    """E4M3 results are encoded by cvt.rn.satfinite.e4m3x2.f32 (compute capability 8.9+): an A100 declines a
+    piece writing E4M3, saying why; reading E4M3 (decoding is integer arithmetic) and sm_89+ are unaffected."""
+    from opgraph.core.device import Device
+    from opgraph.core.piece import make_piece
+    from opgraph.engines import get_engine
+
+    engine = get_engine("triton")
+
+    def match(out_dt, cap):
+        g = og.Graph("p", io_data_type=D.FP8_E4M3, intermediate_data_type=D.FLOAT)
+        g.relu(g.tensor(dim=[4, 8], name="x")).set_output(True).set_data_type(out_dt)
+        return engine.match(make_piece(g.final, 0, g.final.nodes), Device("cuda", 0, "GPU", cap, 40))
+
+    found, why = match(D.FP8_E4M3, (8, 0))
+    assert found is None and "8.9" in why and "cvt.rn.satfinite" in why
+    assert match(D.HALF, (8, 0))[0] is not None
+    assert match(D.FP8_E4M3, (9, 0))[0] is not None

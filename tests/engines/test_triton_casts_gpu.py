@@ -1,5 +1,6 @@
-"""The bfloat16 cast instructions of generated kernels on the GPU (casts.py: `_og_to_bf16` and
-`_og_round_bf16` are cvt.rn.bf16.f32 in asm statements) against their definition in integer arithmetic
+"""The bfloat16 and E4M3 cast instructions of generated kernels on the GPU (casts.py: `_og_to_bf16` and
+`_og_round_bf16` are cvt.rn.bf16.f32 in asm statements, `_og_to_e4m3` cvt.rn.satfinite.e4m3x2.f32) against
+their definitions in integer arithmetic
 (`_og_to_bf16_bits`, which the interpreter tests hold to the reference) and the reference engine's
 rounding, over float32 values of every exponent with tie, near-tie, subnormal, overflow and special
 bit patterns; and conversions to integer types (truncation toward zero, saturation, NaN -> 0: issue 38)
@@ -60,6 +61,39 @@ def test_gpu_bf16_cast_instructions_match_their_definition():
     rounded = s.cpu().numpy()
     assert np.array_equal(rounded[~nan].view(np.uint32), want[~nan].astype(np.uint32) << 16)
     assert np.isnan(rounded[nan]).all()
+
+
+def test_gpu_e4m3_cast_instruction_matches_its_definition():
+    """`_og_to_e4m3` (cvt.rn.satfinite.e4m3x2.f32, four elements an asm statement) against its definition in
+    integer arithmetic and the reference engine's rounding, bit for bit (NaN: a NaN), over every float32
+    high half with its tie and near-tie low halves: subnormals, 448's neighbourhood, infinities."""
+    import torch
+
+    from opgraph.engines.triton.loader import load_module
+    from opgraph.engines.triton.templates.base import module_source
+
+    values = _patterns()
+    n = values.size
+    body = (
+        "def kernel(p, q, r, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    m = i < n\n"
+        "    x = tl.load(p + i, mask=m)\n"
+        "    tl.store(q + i, _og_to_e4m3(x), mask=m)\n"
+        "    tl.store(r + i, _og_to_e4m3_bits(x), mask=m)\n"
+    )
+    mod = load_module(module_source(body), interpret=False)
+    x = torch.from_numpy(values).cuda()
+    q = torch.empty(n, dtype=torch.float8_e4m3fn, device="cuda")
+    r = torch.empty_like(q)
+    mod.kernel[(-(-n // 1024),)](x, q, r, n, BLOCK=1024)
+    asm = q.view(torch.uint8).cpu().numpy()
+    bits = r.view(torch.uint8).cpu().numpy()
+    nan = np.isnan(values)
+    assert np.array_equal(asm[~nan], bits[~nan]), np.flatnonzero(asm[~nan] != bits[~nan])[:8]
+    want = round_to(values.astype(np.float64), D.FP8_E4M3).view(np.uint8)
+    assert np.array_equal(asm[~nan], want[~nan])
+    assert ((asm[nan] & 0x7F) == 0x7F).all()  # (E4M3's NaN: S.1111.111)
 
 
 @pytest.mark.parametrize("engine", ["triton", "torch"])

@@ -397,6 +397,17 @@ class TritonEngine(Engine):
                 f"cvt.rn.bf16.f32 instruction); this one is {device.capability[0]}.{device.capability[1]}: "
                 "another engine (PyTorch) runs it"
             )
+        if (
+            device.is_cuda
+            and device.capability is not None
+            and device.capability < (8, 9)
+            and any(piece.tensor(u).data_type is DataType.FP8_E4M3 for n in piece.nodes for u in n.output_uids())
+        ):
+            return None, (
+                f"E4M3 results in generated kernels need a GPU of compute capability 8.9 or newer (the "
+                f"cvt.rn.satfinite.e4m3x2.f32 instruction); this one is {device.capability[0]}."
+                f"{device.capability[1]}: another engine (PyTorch) runs it"
+            )
         refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)

@@ -7,10 +7,11 @@ engine's rounding (opgraph/rounding.py) on the GPU and in Triton's interpreter a
 - bfloat16 and fp8: through float32 (as the reference, PyTorch and ml_dtypes do), round to nearest
   even: bfloat16 by the cvt instruction in an asm statement (on the GPU; its definition in integer
   arithmetic on the bits, _og_to_bf16_bits, is what the interpreter tests hold it to), fp8 in integer
-  arithmetic on the bits, then a bit cast. FP8 E4M3 saturates to +-448 (infinities
-  included) and keeps NaN; E5M2 overflows to +-inf. Neither Triton's interpreter (which truncates
-  fp32 -> bf16, and decodes and rounds fp8 wrongly) nor a backend's satfinite conversion is relied on,
-  and no float -> fp8 conversion instruction is emitted at all (some do not compile);
+  arithmetic on the bits, then a bit cast, except E4M3 on the GPU: the cvt.rn.satfinite instruction in an
+  asm statement (sm_89+), whose rounding is the definition's (`_og_to_e4m3_bits`, held to it by the GPU
+  tests). FP8 E4M3 saturates to +-448 (infinities included) and keeps NaN; E5M2 overflows to +-inf (no
+  such instruction: satfinite is the only fp8 conversion PTX has). Neither Triton's interpreter (which
+  truncates fp32 -> bf16, and decodes and rounds fp8 wrongly) nor Triton's own conversions are relied on;
 - decoding bfloat16 and fp8 is a bit operation too (exact), also for float64 compute, which the
   interpreter would otherwise read as integers.
 """
@@ -148,6 +149,16 @@ def _og_fp8_bits(x, a, mant: tl.constexpr, emin: tl.constexpr, bias: tl.constexp
 
 
 def _og_to_e4m3(x):
+    # float32 -> E4M3 by cvt.rn.satfinite (sm_89+: round to nearest even, +-448 beyond, infinities
+    # included, NaN to NaN), four elements an asm statement: what _og_to_e4m3_bits defines in ~40 integer
+    # and float ops an element (an fp8 GEMM's epilogue encoding its output: bench/results/constants.md)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [x.to(tl.float32)],
+        dtype=tl.uint8, is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
+
+
+def _og_to_e4m3_bits(x):
     x = x.to(tl.float32)
     a = tl.where(x != x, 0.0, tl.minimum(_og_mag(x), 448.0))
     code = _og_fp8_bits(x, a, 3, -6, 7, 512.0)

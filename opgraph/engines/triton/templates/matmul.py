@@ -456,13 +456,9 @@ class MatmulMatch(TileMatch):
         """An fp8 product's configs: the fp32 accumulator joined once a main-loop step (FP8_ACC's default,
         what cuBLAS's fp8 GEMM does unless asked for fast accumulation), in tiles at most 128 columns wide
         (a 64 x 256 warpgroup tile holds its fp32 sum beside the tensor cores' and runs 1.7x slower), then the
-        first config with fast accumulation (FP8_ACC=0, its numerical note), for tuning to weigh; tiles of at
-        most 128 x 128 where an output is fp8 (bench/results/constants.md#fp8-accumulation)."""
+        first config with fast accumulation (FP8_ACC=0, its numerical note), for tuning to weigh
+        (bench/results/constants.md#fp8-accumulation)."""
         narrow = [c for c in configs[:-1] if c.BLOCK_N <= 128] + configs[-1:]
-        if any(self.gp.tensor(u).data_type in FP8_TYPES for u in self.gp.stores):
-            # (an fp8 output's exact encoding, integer arithmetic on the bits, spills beside a 256 x 128 tile's
-            # two accumulators; 128 x 128 tiles of 8 warps ran it 1.5x faster)
-            narrow = [c for c in narrow[:-1] if c.BLOCK_M * c.BLOCK_N <= 16384] + narrow[-1:]
         fast = configs[0].replace(FP8_ACC=0)
         return list(dict.fromkeys([narrow[0], fast, *narrow[1:]]))
 
