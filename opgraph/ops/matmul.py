@@ -156,3 +156,72 @@ def matmul(self, A, B, compute_data_type=None, padding=0.0, name=""):
             hint="leave padding at 0.0",
         )
     return self._add_op(Matmul(), [A, B], name=name, compute_data_type=compute_data_type)[0]
+
+
+@graph_method
+def scaled_matmul(
+    self,
+    A,
+    B,
+    scale_a=None,
+    scale_b=None,
+    out_data_type=None,
+    amax: bool = False,
+    name: str = "",
+):
+    """D = (A @ B) * scale_a * scale_b, cast to `out_data_type`, and optionally amax(|D|) before the cast:
+    an fp8 GEMM as Transformer Engine and `torch._scaled_mm` run it, expressed in the graph's own ops (a
+    matmul, pointwise muls and a cast, a reduction of mode AMAX), which the matmul template fuses into one
+    kernel (on Hopper and Ada on the fp8 tensor cores).
+
+    Shapes: A [b..., M, K] and B [b'..., K, N] as `matmul`; scale_a a 1-element tensor (per tensor) or
+    [b..., M, 1] (per row of A), scale_b 1-element or [1..., 1, N] (per column of B), each of D's rank; a
+    Python number is a constant scale. amax has D's rank with every dim 1.
+
+    Types: fp8 (E4M3, E5M2) operands, and any the matmul takes; the product and the scales in FLOAT; D in
+    `out_data_type` (default: the graph's intermediate type while virtual); amax in FLOAT.
+
+    Formula: `D = (sum_k A[m, k] * B[k, n]) * scale_a * scale_b`, `amax = max |D|` (before the cast).
+
+    Args:
+        A: the left operand.
+        B: the right operand.
+        scale_a: A's dequantization scale (None: 1).
+        scale_b: B's dequantization scale (None: 1).
+        out_data_type: D's type (an E4M3 output is the cast of D: quantize with a scale of your own first).
+        amax: also return the amax of D.
+        name: a prefix of the ops' names.
+
+    Returns:
+        D, or [D, amax] with `amax`.
+
+    Example:
+        ```python
+        g = og.Graph("fp8", io_data_type=og.DataType.FP8_E4M3, intermediate_data_type=og.DataType.FLOAT)
+        a = g.tensor(dim=[1, 8192, 8192], name="a")
+        b = g.tensor(dim=[1, 8192, 8192], stride=[8192 * 8192, 1, 8192], name="b")   # column-major
+        sa = g.tensor(dim=[1, 1, 1], data_type=og.DataType.FLOAT, name="sa")
+        sb = g.tensor(dim=[1, 1, 1], data_type=og.DataType.FLOAT, name="sb")
+        d, amax = g.scaled_matmul(a, b, sa, sb, out_data_type=og.DataType.BFLOAT16, amax=True)
+        d.set_output(True)
+        amax.set_output(True)
+        ```
+    """
+    prefix = f"{name}." if name else ""
+    d = self.matmul(A, B, compute_data_type=DataType.FLOAT, name=f"{prefix}matmul" if name else "")
+    d.set_data_type(DataType.FLOAT)
+    for scale, role in ((scale_a, "scale_a"), (scale_b, "scale_b")):
+        if scale is not None:
+            d = self.mul(d, scale, name=f"{prefix}{role}" if name else "").set_data_type(DataType.FLOAT)
+    out = self.identity(d, name=f"{prefix}cast" if name else "")
+    if out_data_type is not None:
+        out.set_data_type(out_data_type)
+    if not amax:
+        return out
+    ranks = [len(t.dim) for t in (A, B) if getattr(t, "dim", None) is not None]
+    if not ranks:  # (both operands computed: their ranks are known once the graph is inferred)
+        self.validate()
+        ranks = [len(d.dim)]
+    dims = [1] * max(ranks)
+    peak = self.reduction(d, mode="AMAX", name=f"{prefix}amax" if name else "").set_dim(dims)
+    return [out, peak.set_data_type(DataType.FLOAT)]

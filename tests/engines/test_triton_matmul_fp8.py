@@ -238,3 +238,23 @@ def test_fp8_acc_knob_refusals(value, words):
 
     with pytest.raises(og.AttributeValueError, match=words):
         TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, FP8_ACC=value)
+
+
+# -- the graph's builder ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("amax", [False, True])
+def test_scaled_matmul_builder_is_one_fused_kernel(amax, rng):
+    """g.scaled_matmul: the product, a per-row and a constant scale, the cast, the amax: one matmul step
+    against the reference engine, its ops named after the builder's name."""
+    g = og.Graph("sm", io_data_type=DT.FP8_E4M3, intermediate_data_type=DT.FLOAT)
+    a = g.tensor(dim=[2, 40, 64], name="a")
+    b = g.tensor(dim=[1, 64, 24], stride=[64 * 24, 1, 64], name="b")
+    sa = g.tensor(dim=[2, 40, 1], data_type=DT.FLOAT, name="sa")
+    out = g.scaled_matmul(a, b, sa, 0.125, out_data_type=DT.BFLOAT16, amax=amax, name="proj")
+    for t in out if amax else [out]:
+        t.set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert templates(plan) == ["matmul"] and "'proj.scale_a'" in plan.describe()
+    if amax:
+        assert list(out[1].dim) == [1, 1, 1] and out[1].data_type is DT.FLOAT
