@@ -224,6 +224,11 @@ def test_fp8_candidates_promote_the_sum_then_offer_fast_accumulation():
     first, second = match.candidates()[:2]
     assert first.FP8_ACC is None and first.BLOCK_N <= 128 and second.FP8_ACC == 0
     assert not match.notes(first) and match.notes(second) == {og.NumericalNote.REDUCED_PRECISION_REDUCTION}
+    # (the estimates the build weighs: the joins priced, FP8_JOIN_COST)
+    assert match.estimate(first) == pytest.approx(1.25 * match.estimate(first.replace(FP8_ACC=0)))
+    assert match.estimate(first.replace(BLOCK_M=128, BLOCK_N=256)) == pytest.approx(
+        2.2 * match.estimate(first.replace(BLOCK_M=128, BLOCK_N=256, FP8_ACC=0))
+    )
     src = generate(template, piece, dict(first.pairs()), device).source
     assert "max_num_imprecise_acc=BLOCK_K" in src and ".to(tl.float16)" not in src
     fast = generate(template, piece, dict(second.pairs()), device).source
@@ -258,3 +263,37 @@ def test_scaled_matmul_builder_is_one_fused_kernel(amax, rng):
     assert templates(plan) == ["matmul"] and "'proj.scale_a'" in plan.describe()
     if amax:
         assert list(out[1].dim) == [1, 1, 1] and out[1].data_type is DT.FLOAT
+
+
+def whole_reduction_graph(seed: int) -> og.Graph:
+    """A random product (batch axes, broadcast B, layouts, fp8/16-bit/fp32 operands) and a reduction of
+    every row and column of its output, of the batch too or not."""
+    import numpy as np
+
+    from .test_triton_matmul import layout_strides
+
+    r = np.random.default_rng(seed)
+    batch = int(r.integers(1, 4))
+    m, n, k = (int(r.integers(1, 40)) for _ in range(3))
+    dt = [DT.HALF, DT.FLOAT, DT.FP8_E4M3, DT.FP8_E5M2][int(r.integers(0, 4))]
+    g = og.Graph(f"whole{seed}", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    ad, bd = [batch, m, k], [1 if r.random() < 0.5 else batch, k, n]
+    a = g.tensor(dim=ad, stride=layout_strides(ad, str(r.choice(["row", "col", "gap"]))), name="A")
+    b = g.tensor(dim=bd, stride=layout_strides(bd, str(r.choice(["row", "col", "gap"]))), name="B")
+    y = g.matmul(a, b)
+    if r.random() < 0.5:
+        y = g.relu(g.add(y, g.tensor(dim=[1, 1, n], data_type=DT.FLOAT, name="bias")))
+    y.set_output(True).set_data_type(DT.FLOAT)
+    mode = str(r.choice(["ADD", "MAX", "MIN", "AMAX", "AVG", "NORM1"]))
+    keep = bool(r.integers(0, 2))
+    g.reduction(y, mode=mode).set_output(True).set_dim([batch if keep else 1, 1, 1]).set_data_type(DT.FLOAT)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fuzz_whole_reductions(seed, rng):
+    """Seeded: small integers, so every engine's sums are exact and any slot or mask slip shows."""
+    plan = assert_engine_matches(
+        whole_reduction_graph(seed), rng, expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0
+    )
+    assert templates(plan) == ["matmul"], plan.describe()

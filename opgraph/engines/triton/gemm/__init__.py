@@ -140,6 +140,7 @@ from .tma import (
 from .tuning import (
     estimate_us,
     finish_candidates,
+    fp8_join_cost,
     gemm_candidates,
     prologue_share,
     row_reduced,
@@ -179,6 +180,7 @@ __all__ = [
     "epilogue_tiling",
     "estimate_us",
     "finish_candidates",
+    "fp8_join_cost",
     "fp32_knobs",
     "gemm_candidates",
     "input_taps",

@@ -61,11 +61,12 @@ def dot_kind(
 
     fp16 x fp16 and bf16 x bf16 run on tensor cores as they are (bf16 upcast to fp32 under the
     interpreter, whose bf16 arithmetic is wrong); fp8 x fp8 with `native_fp8` (a template whose fp8
-    tiles come straight from memory, on the GPU) runs on the fp8 tensor cores, fp32 accumulation;
-    other fp8 is widened to fp16 exactly (`fp8_acc`: TileKnobs.FP8_ACC, the fast accumulation of 0 noted
-    REDUCED_PRECISION_REDUCTION: Hopper's fp8 tensor cores keep fewer bits than fp32 in their sums); mixed 16-bit types run as tf32, which holds fp16 and bf16
-    values exactly; any fp32 operand runs as tf32 (a numerical note) unless fp32_precision="ieee";
-    int8 x int8 accumulates in int32."""
+    tiles come straight from memory, on the GPU) runs on the fp8 tensor cores, summed in fp32 as
+    `fp8_acc` (TileKnobs.FP8_ACC) says: its 0, the fast accumulation, is noted
+    REDUCED_PRECISION_REDUCTION (the tensor cores keep fewer bits than fp32 in their own sums); other
+    fp8 is widened to fp16 exactly; mixed 16-bit types run as tf32, which holds fp16 and bf16 values
+    exactly; any fp32 operand runs as tf32 (a numerical note) unless fp32_precision="ieee"; int8 x int8
+    accumulates in int32."""
     ints = (a.is_integer, b.is_integer)
     if any(ints):
         if a is DataType.INT8 and b is DataType.INT8:

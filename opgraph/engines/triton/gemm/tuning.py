@@ -34,6 +34,19 @@ L2_BANDWIDTH = 11.0e12
 LOAD_LATENCY = 0.7e-6
 
 
+# Time of an fp8 product whose tensor-core sums join the fp32 accumulator every main-loop step (TileKnobs.FP8_ACC
+# not 0) over the same config with fast accumulation: by the tile's width, <= 128 columns and wider (the
+# warpgroup's second fp32 accumulator beside the first) (bench/results/constants.md#fp8-accumulation)
+FP8_JOIN_COST = (1.25, 2.2)
+
+
+def fp8_join_cost(knobs: TileKnobs) -> float:
+    """`FP8_JOIN_COST`'s factor for a config of an fp8 product on the fp8 tensor cores."""
+    if knobs.FP8_ACC == 0:
+        return 1.0
+    return FP8_JOIN_COST[0] if knobs.BLOCK_N <= 128 else FP8_JOIN_COST[1]
+
+
 def _iters(k: int, k_step: int, bk: int) -> int:
     chunk = k_step or k
     return -(-chunk // bk) * max(1, k // chunk)

@@ -65,6 +65,7 @@ from ..gemm import (
     TileTemplate,
     estimate_us,
     finish_candidates,
+    fp8_join_cost,
     fp32_knobs,
     gemm_candidates,
     operand_bytes,
@@ -455,7 +456,7 @@ class MatmulMatch(TileMatch):
     def _fp8_accumulation(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """An fp8 product's configs: the fp32 accumulator joined once a main-loop step (FP8_ACC's default,
         what cuBLAS's fp8 GEMM does unless asked for fast accumulation), in tiles at most 128 columns wide
-        (a 64 x 256 warpgroup tile holds its fp32 sum beside the tensor cores' and runs 1.7x slower), then the
+        (a 64 x 256 warpgroup tile holds its fp32 sum beside the tensor cores': FP8_JOIN_COST), then the
         first config with fast accumulation (FP8_ACC=0, its numerical note), for tuning to weigh
         (bench/results/constants.md#fp8-accumulation)."""
         narrow = [c for c in configs[:-1] if c.BLOCK_N <= 128] + configs[-1:]
@@ -501,7 +502,11 @@ class MatmulMatch(TileMatch):
         return any(c.replace(**tile) == knobs for c in self.candidates())
 
     def cost(self, k: TileKnobs) -> float | None:
-        return self._cost(k) if self.device.is_cuda else None
+        """The estimate of a config; an fp8 product's with its fp32 joins priced (`fp8_join_cost`: the ranking
+        leaves them out, every config of the same width paying the same, `_fp8_accumulation` choosing the width)."""
+        if not self.device.is_cuda:
+            return None
+        return self._cost(k) * (fp8_join_cost(k) if self.native_fp8 and not self.interpret else 1.0)
 
     def _descriptors(self, k: TileKnobs) -> dict[str, Descriptor]:
         return self.descriptors if k.tma else {}
