@@ -1,6 +1,6 @@
 """cuDNN frontend's attention API on `cudnn.pygraph`: `sdpa` / `sdpa_backward` with cuDNN's exact
-signatures and defaults, ragged tensors (`tensor.set_ragged_offset`), `attention_implementation`, and
-typed refusals of the FP8 / MXFP8 variants opgraph does not implement.
+signatures and defaults, ragged tensors (`tensor.set_ragged_offset`), `attention_implementation`,
+`sdpa_fp8` (opgraph's composite `g.sdpa_fp8`), and typed refusals of the FP8 backward and MXFP8 variants.
 
 What the shim adapts (docs/attention.md, "cuDNN's names"):
   - exactly one of generate_stats / is_inference (its deprecated negation) must be given, as in cuDNN;
@@ -121,6 +121,7 @@ class AttentionGraph:
         self._implementations = set()
         self._attention_done: set[int] = set()  # id() of records already adapted
         self._pending_layouts: list[tuple[Any, ...]] = []  # (tensor, offset, role, S, row stride, output)
+        self._composite_records: set[int] = set()  # id() of the ops a composite (sdpa_fp8) added
 
     # -- builders -------------------------------------------------------------------------------------
     @translated
@@ -296,7 +297,72 @@ class AttentionGraph:
             dSink_token=dSink_token,
         )
 
-    sdpa_fp8 = translated(_refuse("sdpa_fp8"))
+    @translated
+    def sdpa_fp8(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        descale_q: Any,
+        descale_k: Any,
+        descale_v: Any,
+        descale_s: Any,
+        scale_s: Any,
+        scale_o: Any,
+        is_inference: Any = None,
+        attn_scale: Any = None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        compute_data_type: Any = None,
+        name: str = "",
+        generate_stats: Any = None,
+        **unsupported: Any,
+    ) -> list[Any]:
+        """cuDNN frontend's `pygraph.sdpa_fp8`: [O, Stats, amax_s, amax_o] (Stats None in inference), as
+        opgraph's `g.sdpa_fp8` composite (cuDNN's SDPAFP8Node written out in the graph's ops); an amax or
+        Stats the program leaves virtual and unread is dropped with the ops computing it only for it."""
+        label = f"sdpa_fp8 '{name}'"
+        if (generate_stats is None) == (is_inference is None):
+            raise AttributeValueError(
+                "exactly one of generate_stats and is_inference must be set",
+                op=label,
+                rule="cudnn.generate_stats",
+                hint="pass generate_stats=True for training (is_inference is its deprecated negation)",
+            )
+        given = sorted(key for key, value in unsupported.items() if value not in (None, False))
+        if given:
+            raise cudnnGraphNotSupportedError(
+                f"sdpa_fp8's {', '.join(given)} is not implemented by opgraph (its fp8 attention takes the "
+                "causal masks, attn_scale and the fp8 scales)",
+                op=label,
+                rule="cudnn.not_implemented",
+                hint="drop it, or run the attention in 16 bits through sdpa, which takes it",
+            )
+        stats = bool(generate_stats) if generate_stats is not None else not bool(is_inference)
+        before = len(self._records)  # type: ignore[attr-defined]
+        from ..ops.attention_fp8 import sdpa_fp8 as build
+
+        out = build(
+            self,
+            q,
+            k,
+            v,
+            descale_q,
+            descale_k,
+            descale_v,
+            descale_s,
+            scale_s,
+            scale_o,
+            generate_stats=stats,
+            attn_scale=attn_scale,
+            use_causal_mask=use_causal_mask,
+            use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            compute_data_type=compute_data_type,
+            name=name or f"sdpa_fp8_{before}",
+        )
+        self._composite_records.update(id(r) for r in self._records[before:])  # type: ignore[attr-defined]
+        return out
+
     sdpa_fp8_backward = translated(_refuse("sdpa_fp8_backward"))
     sdpa_mxfp8 = translated(_refuse("sdpa_mxfp8"))
     sdpa_mxfp8_backward = translated(_refuse("sdpa_mxfp8_backward"))
@@ -327,6 +393,7 @@ class AttentionGraph:
     def _adapt_attention(self) -> None:
         """Attach ragged offsets (rows, op attributes) and drop unread Stats, once per op record."""
         g: Any = self
+        self._drop_unread_composite_results()
         read = {id(v) for r in g._records for v in r.inputs if isinstance(v, Tensor)}
         for rec in g._records:
             if not isinstance(rec.op, (Sdpa, SdpaBackward)):
@@ -341,6 +408,25 @@ class AttentionGraph:
                     rec.outputs[1] = None
                     g._tensors = [t for t in g._tensors if t is not st]
             self._attach_ragged(rec)
+
+    def _drop_unread_composite_results(self) -> None:
+        """Remove a composite's ops whose results are all virtual and unread (an amax the program leaves
+        virtual, as cuDNN's programs may), then those that only they read."""
+        g: Any = self
+        while True:
+            read = {id(v) for r in g._records for v in r.inputs if isinstance(v, Tensor)}
+            dead = [
+                r
+                for r in g._records
+                if id(r) in self._composite_records
+                and all(t is None or (t.is_virtual and id(t) not in read) for t in r.outputs)
+            ]
+            if not dead:
+                return
+            gone = {id(t) for r in dead for t in r.outputs if t is not None}
+            g._records = [r for r in g._records if all(r is not d for d in dead)]
+            g._tensors = [t for t in g._tensors if id(t) not in gone]
+            g._invalidate()
 
     def _attach_ragged(self, rec: Any) -> None:
         op = rec.op

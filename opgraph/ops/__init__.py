@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     adalayernorm,
     attention,
     attention_builders,
+    attention_fp8,
     causal_conv1d,
     collective,
     conv,

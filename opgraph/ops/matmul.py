@@ -178,6 +178,9 @@ def scaled_matmul(
     [b..., M, 1] (per row of A), scale_b 1-element or [1..., 1, N] (per column of B), each of D's rank; a
     Python number is a constant scale. amax has D's rank with every dim 1.
 
+    Layouts: as `matmul` (any strides; fp8 GEMMs run fastest with A row-major and B column-major, as
+    cuBLAS's fp8 GEMMs take them); D packed row-major unless set.
+
     Types: fp8 (E4M3, E5M2) operands, and any the matmul takes; the product and the scales in FLOAT; D in
     `out_data_type` (default: the graph's intermediate type while virtual); amax in FLOAT.
 

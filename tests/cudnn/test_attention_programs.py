@@ -654,10 +654,56 @@ def test_generate_stats_or_is_inference_exactly_one():
     assert g.sdpa(q=q, k=k, v=v, generate_stats=True)[1] is not None
 
 
-def test_fp8_attention_is_refused_as_unsupported():
+@pytest.mark.parametrize("causal", [None, "top_left"])
+def test_sdpa_fp8_runs_a_cudnn_program(causal):
+    """NVIDIA's fp8 attention program (scales as [1, 1, 1, 1] tensors, Stats an output, the amaxes left
+    virtual with set_output(False): dropped with the ops only they read) against cuDNN's definition."""
+    import numpy as np
+
+    from ..ops.test_attention_fp8 import SCALES, cudnn_sdpa_fp8
+
+    f8 = torch.float8_e4m3fn
+    b, h, s, d = 2, 2, 24, 32
+    gen = torch.Generator().manual_seed(3)
+    qt, kt, vt = (torch.randn(b, h, s, d, generator=gen).to(f8) for _ in range(3))
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.FP8_E4M3,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
+    q, k, v = (g.tensor_like(t) for t in (qt, kt, vt))
+    scale_t = {n: torch.full((1, 1, 1, 1), val) for n, val in SCALES.items()}
+    scales = {n: g.tensor_like(t) for n, t in scale_t.items()}
+    o, stats, amax_s, amax_o = g.sdpa_fp8(
+        q=q, k=k, v=v, **scales, generate_stats=True, attn_scale=d**-0.5, use_causal_mask=causal == "top_left"
+    )
+    o.set_output(True).set_dim([b, h, s, d]).set_stride([h * s * d, s * d, d, 1])
+    stats.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    amax_s.set_output(False).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
+    amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+    build(g)
+    out = torch.full((b, h, s, d), float("nan")).to(f8)
+    st = torch.full((b, h, s, 1), float("nan"))
+    ao = torch.full((1, 1, 1, 1), float("nan"))
+    pack = {q: qt, k: kt, v: vt, o: out, stats: st, amax_o: ao, **{scales[n]: t for n, t in scale_t.items()}}
+    g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    want_o, want_st, _, want_ao = cudnn_sdpa_fp8(*(t.float().numpy() for t in (qt, kt, vt)), d**-0.5, causal)
+    got = out.float().double().numpy()
+    assert np.isclose(got, want_o, rtol=0.07, atol=1e-6).all() and (got == want_o).mean() > 0.98
+    np.testing.assert_allclose(st.numpy(), want_st, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ao.item(), want_ao, rtol=1e-3)
+    names = [n.name for n in g.final.nodes]
+    assert any(n.endswith("amax_o") for n in names) and not any(n.endswith("amax_s") for n in names), names
+
+
+def test_fp8_attention_backward_and_unimplemented_arguments_are_refused():
     g, q, k, v = _qkv_graph()
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="sdpa_fp8"):
-        g.sdpa_fp8(q, k, v)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="sdpa_fp8_backward"):
+        g.sdpa_fp8_backward(q, k, v)
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="use_padding_mask"):
+        g.sdpa_fp8(q, k, v, *[1.0] * 6, is_inference=True, use_padding_mask=True)
+    with pytest.raises(RuntimeError, match="exactly one"):
+        g.sdpa_fp8(q, k, v, *[1.0] * 6)
 
 
 BANDS_WITHOUT_KEYS = {

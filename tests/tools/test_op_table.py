@@ -25,7 +25,13 @@ def test_every_registered_op_has_a_row_and_nothing_is_missing(rows):
 
 def test_the_table_knows_what_the_code_says(rows):
     mm = rows["matmul"]
-    assert mm.builders == ("matmul", "scaled_matmul") and mm.torch and mm.reference and mm.library and mm.cudnn_engine
+    assert (
+        mm.builders == ("matmul", "scaled_matmul", "sdpa_fp8")
+        and mm.torch
+        and mm.reference
+        and mm.library
+        and mm.cudnn_engine
+    )
     assert "matmul" in mm.triton and {"mm", "bmm", "linear", "addmm"} <= set(mm.aten)
     assert mm.cudnn == ("OPERATION_MATMUL",) and mm.backward == "rule"
     assert rows["resample_max_backward"].triton == ("pool_backward",)
