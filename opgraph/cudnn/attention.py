@@ -72,6 +72,17 @@ def _refuse(what: str) -> Any:
     return method
 
 
+def _one_stats_flag(generate_stats: Any, is_inference: Any, label: str) -> None:
+    """cuDNN's rule: exactly one of generate_stats and its deprecated negation is_inference is given."""
+    if (generate_stats is None) == (is_inference is None):
+        raise AttributeValueError(
+            "exactly one of generate_stats and is_inference must be set",
+            op=label,
+            rule="cudnn.generate_stats",
+            hint="pass generate_stats=True for training (is_inference is its deprecated negation)",
+        )
+
+
 def _refuse_rows_without_keys(rec: Any) -> None:
     """cuDNN's refusals of dense bands with S_q > S_kv (no padding mask) under a bottom-right diagonal
     or a left bound: cuDNN raises GRAPH_NOT_SUPPORTED ("Bottom right causal mask does not support
@@ -161,13 +172,7 @@ class AttentionGraph:
     ) -> list[Any]:
         """cuDNN frontend's `pygraph.sdpa` (its signature and defaults; the module docstring lists what
         the shim adapts). Returns [O, Stats] (Stats None without generate_stats)."""
-        if (generate_stats is None) == (is_inference is None):
-            raise AttributeValueError(
-                "exactly one of generate_stats and is_inference must be set",
-                op=f"sdpa '{name}'",
-                rule="cudnn.generate_stats",
-                hint="pass generate_stats=True for training (is_inference is its deprecated negation)",
-            )
+        _one_stats_flag(generate_stats, is_inference, f"sdpa '{name}'")
         self._implementation(implementation)
         if score_mod is not None and not use_padding_mask:
             seq_len_q = seq_len_kv = None  # lengths the modifier reads (cuDNN's flexible graphs)
@@ -322,13 +327,7 @@ class AttentionGraph:
         opgraph's `g.sdpa_fp8` composite (cuDNN's SDPAFP8Node written out in the graph's ops); an amax or
         Stats the program leaves virtual and unread is dropped with the ops computing it only for it."""
         label = f"sdpa_fp8 '{name}'"
-        if (generate_stats is None) == (is_inference is None):
-            raise AttributeValueError(
-                "exactly one of generate_stats and is_inference must be set",
-                op=label,
-                rule="cudnn.generate_stats",
-                hint="pass generate_stats=True for training (is_inference is its deprecated negation)",
-            )
+        _one_stats_flag(generate_stats, is_inference, label)
         given = sorted(key for key, value in unsupported.items() if value not in (None, False))
         if given:
             raise cudnnGraphNotSupportedError(

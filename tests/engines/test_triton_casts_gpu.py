@@ -28,29 +28,34 @@ def _patterns() -> np.ndarray:
     return (high[:, None] | low[None, :]).ravel().view(np.float32)
 
 
-def test_gpu_bf16_cast_instructions_match_their_definition():
+def _run_helpers(values: np.ndarray, helpers: dict[str, object]) -> list:
+    """Each cast helper (name -> output torch dtype) applied to `values` on the GPU in one kernel."""
     import torch
 
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.templates.base import module_source
 
-    values = _patterns()
-    n = values.size
+    names = [f"o{i}" for i in range(len(helpers))]
     body = (
-        "def kernel(p, q, r, s, n, BLOCK: tl.constexpr):\n"
+        f"def kernel(p, {', '.join(names)}, n, BLOCK: tl.constexpr):\n"
         "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
         "    m = i < n\n"
         "    x = tl.load(p + i, mask=m)\n"
-        "    tl.store(q + i, _og_to_bf16(x), mask=m)\n"
-        "    tl.store(r + i, _og_to_bf16_bits(x), mask=m)\n"
-        "    tl.store(s + i, _og_round_bf16(x), mask=m)\n"
+        + "".join(f"    tl.store({o} + i, {h}(x), mask=m)\n" for o, h in zip(names, helpers))
     )
     mod = load_module(module_source(body), interpret=False)
-    x = torch.from_numpy(values).cuda()
-    q = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    r = torch.empty_like(q)
-    s = torch.empty(n, dtype=torch.float32, device="cuda")
-    mod.kernel[(-(-n // 1024),)](x, q, r, s, n, BLOCK=1024)
+    n = values.size
+    outs = [torch.empty(n, dtype=dt, device="cuda") for dt in helpers.values()]
+    mod.kernel[(-(-n // 1024),)](torch.from_numpy(values).cuda(), *outs, n, BLOCK=1024)
+    return outs
+
+
+def test_gpu_bf16_cast_instructions_match_their_definition():
+    import torch
+
+    values = _patterns()
+    helpers = {"_og_to_bf16": torch.bfloat16, "_og_to_bf16_bits": torch.bfloat16, "_og_round_bf16": torch.float32}
+    q, r, s = _run_helpers(values, helpers)
     asm = q.view(torch.int16).cpu().numpy().view(np.uint16)
     bits = r.view(torch.int16).cpu().numpy().view(np.uint16)
     nan = np.isnan(values)
@@ -69,24 +74,8 @@ def test_gpu_e4m3_cast_instruction_matches_its_definition():
     high half with its tie and near-tie low halves: subnormals, 448's neighbourhood, infinities."""
     import torch
 
-    from opgraph.engines.triton.loader import load_module
-    from opgraph.engines.triton.templates.base import module_source
-
     values = _patterns()
-    n = values.size
-    body = (
-        "def kernel(p, q, r, n, BLOCK: tl.constexpr):\n"
-        "    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
-        "    m = i < n\n"
-        "    x = tl.load(p + i, mask=m)\n"
-        "    tl.store(q + i, _og_to_e4m3(x), mask=m)\n"
-        "    tl.store(r + i, _og_to_e4m3_bits(x), mask=m)\n"
-    )
-    mod = load_module(module_source(body), interpret=False)
-    x = torch.from_numpy(values).cuda()
-    q = torch.empty(n, dtype=torch.float8_e4m3fn, device="cuda")
-    r = torch.empty_like(q)
-    mod.kernel[(-(-n // 1024),)](x, q, r, n, BLOCK=1024)
+    q, r = _run_helpers(values, {"_og_to_e4m3": torch.float8_e4m3fn, "_og_to_e4m3_bits": torch.float8_e4m3fn})
     asm = q.view(torch.uint8).cpu().numpy()
     bits = r.view(torch.uint8).cpu().numpy()
     nan = np.isnan(values)
