@@ -132,7 +132,7 @@ class AttentionGraph:
         self._implementations = set()
         self._attention_done: set[int] = set()  # id() of records already adapted
         self._pending_layouts: list[tuple[Any, ...]] = []  # (tensor, offset, role, S, row stride, output)
-        self._composite_records: set[int] = set()  # id() of the ops a composite (sdpa_fp8) added
+        self._composite_records: list[Any] = []  # the op records a composite (sdpa_fp8) added
 
     # -- builders -------------------------------------------------------------------------------------
     @translated
@@ -316,29 +316,44 @@ class AttentionGraph:
         scale_o: Any,
         is_inference: Any = None,
         attn_scale: Any = None,
+        use_padding_mask: bool = False,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
         use_causal_mask: bool = False,
         use_causal_mask_bottom_right: bool = False,
+        dropout: Any = None,
         compute_data_type: Any = None,
         name: str = "",
         generate_stats: Any = None,
+        sliding_window_length: Any = None,
+        diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
+        diagonal_band_left_bound: Any = None,
+        diagonal_band_right_bound: Any = None,
+        implementation: Any = attention_implementation.AUTO,
         **unsupported: Any,
     ) -> list[Any]:
-        """cuDNN frontend's `pygraph.sdpa_fp8`: [O, Stats, amax_s, amax_o] (Stats None in inference), as
-        opgraph's `g.sdpa_fp8` composite (cuDNN's SDPAFP8Node written out in the graph's ops); an amax or
-        Stats the program leaves virtual and unread is dropped with the ops computing it only for it."""
+        """cuDNN frontend's `pygraph.sdpa_fp8` (its signature, positional order and defaults): [O, Stats,
+        amax_s, amax_o] (Stats None in inference), as opgraph's `g.sdpa_fp8` composite (cuDNN's SDPAFP8Node
+        written out in the graph's ops, the band masks included); an amax or Stats the program leaves virtual
+        and unread is dropped with the ops computing it only for it. Padding masks, dropout and any other
+        argument cuDNN's later releases add are refused by name."""
         label = f"sdpa_fp8 '{name}'"
         _one_stats_flag(generate_stats, is_inference, label)
-        given = sorted(key for key, value in unsupported.items() if value not in (None, False))
+        self._implementation(implementation)
+        given = [key for key, value in unsupported.items() if value is not None and value is not False]
+        given += [k for k, on in (("use_padding_mask", use_padding_mask), ("dropout", dropout is not None)) if on]
+        given += [k for k, t in (("seq_len_q", seq_len_q), ("seq_len_kv", seq_len_kv)) if t is not None]
         if given:
             raise cudnnGraphNotSupportedError(
-                f"sdpa_fp8's {', '.join(given)} is not implemented by opgraph (its fp8 attention takes the "
-                "causal masks, attn_scale and the fp8 scales)",
+                f"sdpa_fp8's {', '.join(sorted(given))} is not implemented by opgraph (its fp8 attention takes "
+                "attn_scale, the causal masks and the band, and the fp8 scales)",
                 op=label,
                 rule="cudnn.not_implemented",
                 hint="drop it, or run the attention in 16 bits through sdpa, which takes it",
             )
         stats = bool(generate_stats) if generate_stats is not None else not bool(is_inference)
-        before = len(self._records)  # type: ignore[attr-defined]
+        g: Any = self
+        before = list(g._records)
         from ..ops.attention_fp8 import sdpa_fp8 as build
 
         out = build(
@@ -356,10 +371,14 @@ class AttentionGraph:
             attn_scale=attn_scale,
             use_causal_mask=use_causal_mask,
             use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length,
+            diagonal_alignment=diagonal_alignment,
+            diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound,
             compute_data_type=compute_data_type,
-            name=name or f"sdpa_fp8_{before}",
+            name=name or f"sdpa_fp8_{len(before)}",
         )
-        self._composite_records.update(id(r) for r in self._records[before:])  # type: ignore[attr-defined]
+        self._composite_records.extend(r for r in g._records if all(r is not b for b in before))
         return out
 
     sdpa_fp8_backward = translated(_refuse("sdpa_fp8_backward"))
@@ -417,7 +436,7 @@ class AttentionGraph:
             dead = [
                 r
                 for r in g._records
-                if id(r) in self._composite_records
+                if any(r is c for c in self._composite_records)
                 and all(t is None or (t.is_virtual and id(t) not in read) for t in r.outputs)
             ]
             if not dead:

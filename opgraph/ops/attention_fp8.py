@@ -20,6 +20,8 @@ import numpy as np
 from ..core.dtypes import DataType
 from ..core.errors import AttributeValueError, UnsupportedGraphError
 from ..core.op import graph_method
+from .attention import DiagonalAlignment
+from .attention_builders import band_fields
 
 _FP8 = (DataType.FP8_E4M3, DataType.FP8_E5M2)
 _LOWEST = float(np.finfo(np.float32).min)  # (cuDNN's masked score: exp() of it is 0 beside any kept one)
@@ -41,6 +43,10 @@ def sdpa_fp8(
     attn_scale: Any = None,
     use_causal_mask: bool = False,
     use_causal_mask_bottom_right: bool = False,
+    sliding_window_length: Any = None,
+    diagonal_alignment: Any = DiagonalAlignment.TOP_LEFT,
+    diagonal_band_left_bound: Any = None,
+    diagonal_band_right_bound: Any = None,
     compute_data_type: Any = None,
     amax: bool = True,
     name: str = "",
@@ -56,9 +62,11 @@ def sdpa_fp8(
     Types: q, k, v FP8_E4M3 or FP8_E5M2; the math in FLOAT; P quantized to q's type; O in the graph's io
     type unless set (an fp8 O is `O' * scale_o` cast); Stats, amax_s, amax_o FLOAT.
 
-    Formula: the module docstring (cuDNN's SDPAFP8Node). Masks: none, causal from the top-left
-    (`use_causal_mask`: key j kept for query i when i >= j) or from the bottom-right
-    (`use_causal_mask_bottom_right`: i + S_kv - S_q >= j).
+    Formula: the module docstring (cuDNN's SDPAFP8Node). Masks, as `g.sdpa`'s band: key j kept for query i
+    when `i + delta - left < j <= i + delta + right`, delta = S_kv - S_q for the bottom-right alignment
+    (else 0), right 0 for the causal flags or `diagonal_band_right_bound`, left `sliding_window_length` or
+    `diagonal_band_left_bound` (either bound None: none). A band leaving a query row with no key is refused
+    (cuDNN refuses those; `g.sdpa` runs them).
 
     Args:
         q: queries (fp8).
@@ -74,6 +82,10 @@ def sdpa_fp8(
         attn_scale: the scores' scale (default 1).
         use_causal_mask: causal, aligned top-left.
         use_causal_mask_bottom_right: causal, aligned bottom-right.
+        sliding_window_length: the band's left bound W (keys i - W < j).
+        diagonal_alignment: TOP_LEFT or BOTTOM_RIGHT, the band's diagonal.
+        diagonal_band_left_bound: the left bound (sliding_window_length's other spelling).
+        diagonal_band_right_bound: the right bound (0: causal).
         compute_data_type: the math's type (FLOAT).
         amax: also compute amax_s and amax_o (results to mark as outputs: an unread one is a dataflow error).
         name: a prefix of the ops' names.
@@ -91,7 +103,24 @@ def sdpa_fp8(
         ```
     """
     label = f"sdpa_fp8 '{name}'" if name else "sdpa_fp8"
-    q_type = _check(self, q, k, v, use_causal_mask, use_causal_mask_bottom_right, compute_data_type, label)
+    q_type = _check(self, q, k, v, compute_data_type, label)
+    band = band_fields(
+        label,
+        use_causal_mask,
+        use_causal_mask_bottom_right,
+        sliding_window_length,
+        diagonal_alignment,
+        diagonal_band_left_bound,
+        diagonal_band_right_bound,
+    )
+    if band["use_causal_mask"] and band["use_causal_mask_bottom_right"]:
+        raise AttributeValueError(
+            "use_causal_mask and use_causal_mask_bottom_right are both set",
+            op=label,
+            rule="sdpa_fp8.mask",
+            hint="pick one alignment of the causal mask",
+        )
+    left, right, delta = _bounds(band, int(q.dim[2]), int(k.dim[2]), label)
     f32 = DataType.FLOAT
 
     def called(part: str) -> str:
@@ -105,14 +134,20 @@ def sdpa_fp8(
     if attn_scale is not None:
         s = scaled(s, attn_scale, "attn_scale")
     s = scaled(scaled(s, descale_q, "descale_q"), descale_k, "descale_k")
-    if use_causal_mask or use_causal_mask_bottom_right:
-        row = self.gen_index(s, axis=2, name=called("row")).set_data_type(DataType.INT32)
-        col = self.gen_index(s, axis=3, name=called("col")).set_data_type(DataType.INT32)
-        if use_causal_mask_bottom_right:
-            shift = int(k.dim[2]) - int(q.dim[2])
-            if shift:
-                row = self.add(row, shift, name=called("row_shift")).set_data_type(DataType.INT32)
-        keep = self.cmp_ge(row, col, name=called("causal")).set_data_type(DataType.BOOLEAN)
+    if left is not None or right is not None:
+        i32, boolean = DataType.INT32, DataType.BOOLEAN
+        row = self.gen_index(s, axis=2, name=called("row")).set_data_type(i32)
+        col = self.gen_index(s, axis=3, name=called("col")).set_data_type(i32)
+        keeps = []
+        if right is not None:  # j <= i + delta + right
+            last = self.add(row, delta + right, name=called("last_key")).set_data_type(i32)
+            keeps.append(self.cmp_le(col, last, name=called("right_bound")).set_data_type(boolean))
+        if left is not None:  # j > i + delta - left
+            first = self.add(row, delta - left, name=called("first_key")).set_data_type(i32)
+            keeps.append(self.cmp_gt(col, first, name=called("left_bound")).set_data_type(boolean))
+        keep = keeps[0]
+        if len(keeps) == 2:
+            keep = self.logical_and(keeps[0], keeps[1], name=called("band")).set_data_type(boolean)
         s = self.binary_select(s, _LOWEST, keep, name=called("mask")).set_data_type(f32)
     rows = [int(d) for d in q.dim[:3]] + [1]
     peak = self.reduction(s, mode="MAX", name=called("max")).set_dim(rows).set_data_type(f32)
@@ -133,9 +168,35 @@ def sdpa_fp8(
     return [out, stats, amax_s, amax_o]
 
 
-def _check(g: Any, q: Any, k: Any, v: Any, causal: bool, bottom_right: bool, compute: Any, label: str) -> DataType:
-    """Typed refusals: 4-D fp8 tensors of declared dims, K and V heads equal to Q's or 1, one mask. Returns
-    Q's type (a tensor declared without one has the graph's io type)."""
+def _bounds(band: dict[str, Any], sq: int, skv: int, label: str) -> tuple[int | None, int | None, int]:
+    """(left, right, delta) of the band (`band_fields`' normalized fields); a band that leaves a query row
+    with no key is refused, as cuDNN refuses it."""
+    bottom_right = (
+        band["use_causal_mask_bottom_right"] or band.get("diagonal_alignment") is DiagonalAlignment.BOTTOM_RIGHT
+    )
+    right = (
+        0 if band["use_causal_mask"] or band["use_causal_mask_bottom_right"] else band.get("diagonal_band_right_bound")
+    )
+    left = band["sliding_window_length"]
+    delta = skv - sq if bottom_right else 0
+    rows = np.arange(sq)
+    first = np.maximum(rows + delta - left + 1, 0) if left is not None else np.zeros(sq, dtype=np.int64)
+    last = np.minimum(rows + delta + right, skv - 1) if right is not None else np.full(sq, skv - 1)
+    empty = np.flatnonzero(first > last)
+    if empty.size:
+        raise UnsupportedGraphError(
+            f"the band leaves {empty.size} query row(s) with no key (the first: {int(empty[0])}; S_q={sq}, "
+            f"S_kv={skv}): cuDNN refuses such bands in sdpa_fp8",
+            op=label,
+            rule="sdpa_fp8.rows_without_keys",
+            hint="slice Q to the rows that see keys, or widen the band; g.sdpa runs such bands (O 0 on empty rows)",
+        )
+    return left, right, delta
+
+
+def _check(g: Any, q: Any, k: Any, v: Any, compute: Any, label: str) -> DataType:
+    """Typed refusals: 4-D fp8 tensors of declared dims, K and V heads equal to Q's or 1, FLOAT math.
+    Returns Q's type (a tensor declared without one has the graph's io type)."""
     types = []
     for role, t in (("q", q), ("k", k), ("v", v)):
         dims = getattr(t, "dim", None)
@@ -164,13 +225,6 @@ def _check(g: Any, q: Any, k: Any, v: Any, causal: bool, bottom_right: bool, com
             op=label,
             rule="sdpa_fp8.heads",
             hint="repeat K and V's heads to Q's (grouped-query heads run in g.sdpa)",
-        )
-    if causal and bottom_right:
-        raise AttributeValueError(
-            "use_causal_mask and use_causal_mask_bottom_right are both set",
-            op=label,
-            rule="sdpa_fp8.mask",
-            hint="pick one alignment of the causal mask",
         )
     if compute not in (None, DataType.FLOAT):
         raise AttributeValueError(

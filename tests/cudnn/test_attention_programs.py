@@ -696,14 +696,58 @@ def test_sdpa_fp8_runs_a_cudnn_program(causal):
     assert any(n.endswith("amax_o") for n in names) and not any(n.endswith("amax_s") for n in names), names
 
 
+def _fp8_qkv():
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=FLOAT)
+    q, k, v = (g.tensor(dim=(1, 2, 8, 16), stride=(256, 128, 16, 1)) for _ in range(3))
+    return g, q, k, v
+
+
+def _mask_ops(g):
+    return sorted(
+        n.name.rsplit(".", 1)[-1] for n in g.final.nodes if n.name.rsplit(".", 1)[-1] in ("right_bound", "left_bound")
+    )
+
+
+def test_sdpa_fp8_takes_cudnns_positional_order_defaults_and_band():
+    """cuDNN's order after scale_o (is_inference, attn_scale, use_padding_mask, seq_len_q, seq_len_kv,
+    use_causal_mask, ...): a positional causal flag lands where cuDNN puts it; its defaults passed
+    explicitly are accepted; right bound 0 is the causal mask (not dropped), a left bound a window."""
+    g, q, k, v = _fp8_qkv()
+    o = g.sdpa_fp8(q, k, v, *[1.0] * 6, True, 0.25, False, None, None, True)[0]
+    o.set_output(True)
+    g.validate()
+    assert _mask_ops(g) == ["right_bound"]
+    g, q, k, v = _fp8_qkv()
+    o = g.sdpa_fp8(
+        q,
+        k,
+        v,
+        *[1.0] * 6,
+        generate_stats=False,
+        diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
+        diagonal_band_right_bound=0,
+        diagonal_band_left_bound=3,
+        implementation=cudnn.attention_implementation.AUTO,
+    )[0]
+    o.set_output(True)
+    g.validate()
+    assert _mask_ops(g) == ["left_bound", "right_bound"]
+
+
 def test_fp8_attention_backward_and_unimplemented_arguments_are_refused():
-    g, q, k, v = _qkv_graph()
+    g, q, k, v = _fp8_qkv()
     with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="sdpa_fp8_backward"):
         g.sdpa_fp8_backward(q, k, v)
-    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="use_padding_mask"):
-        g.sdpa_fp8(q, k, v, *[1.0] * 6, is_inference=True, use_padding_mask=True)
+    for kw in ({"use_padding_mask": True}, {"dropout": (0.1, q, q)}, {"seq_len_q": q}, {"score_mod": print}):
+        with pytest.raises(cudnn.cudnnGraphNotSupportedError, match=next(iter(kw))):
+            g.sdpa_fp8(q, k, v, *[1.0] * 6, is_inference=True, **kw)
     with pytest.raises(RuntimeError, match="exactly one"):
         g.sdpa_fp8(q, k, v, *[1.0] * 6)
+    g2, q2, k2, v2 = _fp8_qkv()
+    k2.set_dim((1, 2, 4, 16)).set_stride((128, 64, 16, 1))
+    v2.set_dim((1, 2, 4, 16)).set_stride((128, 64, 16, 1))
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="no key"):
+        g2.sdpa_fp8(q2, k2, v2, *[1.0] * 6, is_inference=True, use_causal_mask_bottom_right=True)
 
 
 BANDS_WITHOUT_KEYS = {

@@ -93,6 +93,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     from opgraph.core.piece import Piece, make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
+    from opgraph.engines.triton.rewrite import fp8_fill
     from opgraph.engines.triton.templates import discover
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
@@ -109,7 +110,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         elif callable(knobs):
             knobs = knobs(t.candidates(piece, device))
         for k in knobs:
-            gen = generate(t, piece, dict(k), device)
+            # (the engine's rewrite of fp8 masked loads, as TritonEngine applies it to every generated piece)
+            gen = fp8_fill(generate(t, piece, dict(k), device), {u: d.data_type for u, d in final.tensors.items()})
             loaded = load_module(gen.source, interpret=False)
             for launch in gen.launches:
                 fn = getattr(loaded, launch.kernel)

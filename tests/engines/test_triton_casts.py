@@ -262,3 +262,62 @@ def test_e4m3_results_decline_gpus_before_sm89():
     assert found is None and "8.9" in why and "cvt.rn.satfinite" in why
     assert match(D.HALF, (8, 0))[0] is not None
     assert match(D.FP8_E4M3, (9, 0))[0] is not None
+
+
+# -- E4M3 results compiled for Hopper (the cvt instruction packs four elements) ---------------------------------
+
+
+def _e4m3_out(build):
+    def make():
+        g = og.Graph("e4m3", io_data_type=D.FLOAT, intermediate_data_type=D.FLOAT)
+        build(g)
+        return g
+
+    return make
+
+
+HOPPER_CASES = {  # blocks of 1, 2, 3 and 4+ elements written as E4M3
+    "pointwise_1": (
+        _e4m3_out(lambda g: g.relu(g.tensor(dim=[1], name="x")).set_output(True).set_data_type(D.FP8_E4M3)),
+        "pointwise",
+        1,
+    ),
+    "pointwise_3": (
+        _e4m3_out(lambda g: g.relu(g.tensor(dim=[3], name="x")).set_output(True).set_data_type(D.FP8_E4M3)),
+        "pointwise",
+        1,
+    ),
+    "reduction_1": (
+        _e4m3_out(
+            lambda g: (
+                g.reduction(g.tensor(dim=[4096], name="x"), mode="AMAX")
+                .set_output(True)
+                .set_dim([1])
+                .set_data_type(D.FP8_E4M3)
+            )
+        ),
+        "reduction",
+        1,
+    ),
+    "reduction_2": (
+        _e4m3_out(
+            lambda g: (
+                g.reduction(g.tensor(dim=[2, 64], name="x"), mode="ADD")
+                .set_output(True)
+                .set_dim([2, 1])
+                .set_data_type(D.FP8_E4M3)
+            )
+        ),
+        "reduction",
+        1,
+    ),
+}
+
+
+def test_e4m3_results_compile_for_hopper_in_blocks_of_any_size():
+    """The E4M3 encoder packs four elements an asm statement; a block of 1-3 results takes its integer
+    definition (Triton refuses a packed statement over fewer elements): every case compiles for sm_90."""
+    from .hopper_compile import compile_for_hopper
+
+    lines = [line for line in compile_for_hopper(__name__).splitlines() if line.startswith("compiled")]
+    assert {line.split()[1] for line in lines} == set(HOPPER_CASES), lines

@@ -297,3 +297,16 @@ def test_fuzz_whole_reductions(seed, rng):
         whole_reduction_graph(seed), rng, expect_steps=1, integers=True, low=-2, high=2, rtol=0, atol=0
     )
     assert templates(plan) == ["matmul"], plan.describe()
+
+
+def test_fp8_accumulation_keeps_the_candidates_shape():
+    """The fp8 ordering keeps the fallback last and a promoted config first even where no ranked tile is at
+    most 128 wide, and leaves a list of the fallback alone."""
+    from opgraph.engines.triton.knobs import TileKnobs
+
+    template, piece, device = _h100_match(scaled_mm_graph(8192, 8192, 8192))
+    match = template.match(piece, device)
+    wide = TileKnobs(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)
+    fallback = TileKnobs(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2)
+    assert match._fp8_accumulation([wide, fallback]) == [wide, wide.replace(FP8_ACC=0), fallback]
+    assert match._fp8_accumulation([fallback]) == [fallback]

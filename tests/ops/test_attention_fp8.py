@@ -16,14 +16,20 @@ E4M3 = ml_dtypes.float8_e4m3fn
 SCALES = {"descale_q": 0.5, "descale_k": 0.25, "descale_v": 2.0, "descale_s": 1 / 64, "scale_s": 64.0, "scale_o": 4.0}
 
 
-def cudnn_sdpa_fp8(q, k, v, attn_scale, causal=None):
-    """The reference: cuDNN frontend's SDPAFP8Node, float64 math, P and O quantized to E4M3."""
+def cudnn_sdpa_fp8(q, k, v, attn_scale, causal=None, left=None):
+    """The reference: cuDNN frontend's SDPAFP8Node, float64 math, P and O quantized to E4M3; `causal`
+    "top_left" / "bottom_right" (right bound 0), `left` a window (keys i + delta - left < j)."""
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     s = q @ np.swapaxes(k, -1, -2) * attn_scale * SCALES["descale_q"] * SCALES["descale_k"]
     sq, skv = s.shape[-2:]
-    if causal:
+    if causal or left:
         i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
-        keep = (i + (skv - sq if causal == "bottom_right" else 0)) >= j
+        delta = skv - sq if causal == "bottom_right" else 0
+        keep = np.ones((sq, skv), dtype=bool)
+        if causal:
+            keep &= j <= i + delta
+        if left:
+            keep &= j > i + delta - left
         s = np.where(keep, s, np.finfo(np.float32).min)
     m = s.max(-1, keepdims=True)
     e = np.exp(s - m)
@@ -35,7 +41,7 @@ def cudnn_sdpa_fp8(q, k, v, attn_scale, causal=None):
     return out, m + np.log(z), np.abs(p).max(), np.abs(o).max()
 
 
-def build(b=2, h=2, hk=2, sq=24, skv=40, d=32, causal=None, stats=True):
+def build(b=2, h=2, hk=2, sq=24, skv=40, d=32, causal=None, stats=True, left=None):
     g = og.Graph("fp8attn", io_data_type=DT.FP8_E4M3, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
     q = g.tensor(dim=[b, h, sq, d], name="q")
     k = g.tensor(dim=[b, hk, skv, d], name="k")
@@ -50,6 +56,7 @@ def build(b=2, h=2, hk=2, sq=24, skv=40, d=32, causal=None, stats=True):
         attn_scale=d**-0.5,
         use_causal_mask=causal == "top_left",
         use_causal_mask_bottom_right=causal == "bottom_right",
+        sliding_window_length=left,
         name="attn",
     )
     for t in (o, st, amax_s, amax_o):
@@ -69,13 +76,15 @@ def run(g, handles, rng, engines):
     return plan, data, outs
 
 
-@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize(
+    "causal,left", [(None, None), ("top_left", None), ("bottom_right", None), ("top_left", 5), ("bottom_right", 9)]
+)
 @pytest.mark.parametrize("engines", [["reference"], ["torch"]], ids=["reference", "torch"])
-def test_sdpa_fp8_is_cudnns_definition(causal, engines, rng):
-    g, handles = build(causal=causal)
+def test_sdpa_fp8_is_cudnns_definition(causal, left, engines, rng):
+    g, handles = build(causal=causal, left=left)
     q, k, v, _, o, st, amax_s, amax_o = handles
     _, data, outs = run(g, handles, rng, engines)
-    want_o, want_st, want_as, want_ao = cudnn_sdpa_fp8(data[q], data[k], data[v], 32**-0.5, causal)
+    want_o, want_st, want_as, want_ao = cudnn_sdpa_fp8(data[q], data[k], data[v], 32**-0.5, causal, left)
     got_o = outs[o].astype(np.float64)
     # (fp32 math against float64: an E4M3 rounding may flip at a tie; never by more than a step)
     close = np.isclose(got_o, want_o, rtol=0.07, atol=1e-6)
@@ -103,6 +112,14 @@ def test_sdpa_fp8_without_stats_and_with_numbers_for_scales(rng):
     assert stats is None and amax_s is None and amax_o is None
     o.set_output(True).set_data_type(DT.BFLOAT16)
     assert og.testing.check_plan(g.build(device="cpu", engines=["reference"]), rng) == []
+
+
+def test_a_band_leaving_rows_without_keys_is_refused():
+    """Bottom-right causal with S_q > S_kv leaves the first S_q - S_kv rows no key: refused, as cuDNN does."""
+    with pytest.raises(og.UnsupportedGraphError) as info:
+        build(sq=40, skv=24, causal="bottom_right")
+    assert info.value.rule == "sdpa_fp8.rows_without_keys" and "16 query row(s)" in str(info.value)
+    build(sq=24, skv=40, causal="bottom_right")  # (S_q <= S_kv: every row sees a key)
 
 
 @pytest.mark.parametrize(

@@ -151,11 +151,16 @@ def _og_fp8_bits(x, a, mant: tl.constexpr, emin: tl.constexpr, bias: tl.constexp
 def _og_to_e4m3(x):
     # float32 -> E4M3 by cvt.rn.satfinite (sm_89+: round to nearest even, +-448 beyond, infinities
     # included, NaN to NaN), four elements an asm statement: what _og_to_e4m3_bits defines in ~40 integer
-    # and float ops an element (an fp8 GEMM's epilogue encoding its output: bench/results/constants.md)
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
-        "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [x.to(tl.float32)],
-        dtype=tl.uint8, is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
+    # and float ops an element (an fp8 GEMM's epilogue encoding its output: bench/results/constants.md).
+    # Triton packs an asm statement's elements by 4 only in blocks of a multiple of 4 (a reduction's block
+    # of 1 or 2 results takes the definition)
+    if x.numel % 4 == 0:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [x.to(tl.float32)],
+            dtype=tl.uint8, is_pure=True, pack=4).to(tl.float8e4nv, bitcast=True)
+    else:
+        return _og_to_e4m3_bits(x)
 
 
 def _og_to_e4m3_bits(x):

@@ -355,7 +355,7 @@ class MatmulMatch(TileMatch):
         """`_cost` at the bucket's shape `env` (the plain kernel's model: `strategy` is the match itself)."""
         if self.bucket is None or not self.device.is_cuda:
             return None
-        return self._cost(knobs, sample=self.sample_at(env))
+        return self._cost(knobs, sample=self.sample_at(env)) * self._fp8_join(knobs)
 
     def focused(self, env: Mapping[str, int]) -> MatmulMatch | None:
         """This bucket piece's match with its candidates and estimates at one shape `env` of its bucket, and
@@ -459,9 +459,12 @@ class MatmulMatch(TileMatch):
         (a 64 x 256 warpgroup tile holds its fp32 sum beside the tensor cores': FP8_JOIN_COST), then the
         first config with fast accumulation (FP8_ACC=0, its numerical note), for tuning to weigh
         (bench/results/constants.md#fp8-accumulation)."""
-        narrow = [c for c in configs[:-1] if c.BLOCK_N <= 128] + configs[-1:]
-        fast = configs[0].replace(FP8_ACC=0)
-        return list(dict.fromkeys([narrow[0], fast, *narrow[1:]]))
+        ranked, fallback = configs[:-1], configs[-1]
+        if not ranked:
+            return configs
+        narrow = [c for c in ranked if c.BLOCK_N <= 128] or ranked
+        fast = ranked[0].replace(FP8_ACC=0)
+        return list(dict.fromkeys([narrow[0], fast, *narrow[1:], fallback]))
 
     def _per_shape(self, c: TileKnobs) -> bool:
         # A bucket's piece ranks the configs of one kernel for the whole bucket first (unsplit versions of
@@ -506,7 +509,10 @@ class MatmulMatch(TileMatch):
         leaves them out, every config of the same width paying the same, `_fp8_accumulation` choosing the width)."""
         if not self.device.is_cuda:
             return None
-        return self._cost(k) * (fp8_join_cost(k) if self.native_fp8 and not self.interpret else 1.0)
+        return self._cost(k) * self._fp8_join(k)
+
+    def _fp8_join(self, k: TileKnobs) -> float:
+        return fp8_join_cost(k) if self.native_fp8 and not self.interpret else 1.0
 
     def _descriptors(self, k: TileKnobs) -> dict[str, Descriptor]:
         return self.descriptors if k.tma else {}
