@@ -96,9 +96,13 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
         for arr, (shape, dtype) in zip(arrays, in_meta):
             t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).reshape(shape)
             tensors.append(t if dtype.is_floating_point else t.to(dtype))
-        return [
-            None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy() for o in call(tensors)
-        ]
+        try:
+            outs = call(tensors)
+        except (RuntimeError, TypeError, NotImplementedError):
+            # an op that takes only its traced types (torch._scaled_mm: fp8 operands, fp32 scales) runs in them;
+            # the values came from those types, so the conversion back is exact
+            outs = call([t.to(dtype) for t, (_, dtype) in zip(tensors, in_meta)])
+        return [None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy() for o in outs]
 
     def device(*tensors: Any) -> list[Any]:
         # the torch engine passes operands in its compute type: integer and bool inputs (indices,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..core.dtypes import DataType
 from ..core.errors import expect
 from ..core.tensor import Tensor
 from ..ops.reduction import ReductionMode
@@ -282,6 +283,28 @@ def _addmm(imp: Importer, node: Any, a: Args) -> Tensor:
         return m
     b = imp.at_rank(bias, x.rank)
     return imp.g.add(m, _scaled(imp, b, beta), name=imp.op_name("bias"))
+
+
+@op("_scaled_mm")
+def _scaled_mm(imp: Importer, node: Any, a: Args) -> Tensor:
+    """torch._scaled_mm (cuBLAS's fp8 GEMM, torchao's float8 linears): (mat1 @ mat2) * scale_a * scale_b
+    (+ bias), per-tensor or row-wise scales, the product and scales in fp32 and the result in out_dtype (the
+    node's type): the matmul template's fused fp8 GEMM. `use_fast_accum` asks for no less than the precise
+    sum opgraph computes; an fp8 result's `scale_result` is not translated."""
+    if a.get("scale_result") is not None:
+        raise Untranslatable("_scaled_mm's scale_result (an fp8 result's scale)")
+    x, y = a["self"], a["mat2"]
+    if x.rank != 2 or y.rank != 2:
+        raise Untranslatable("_scaled_mm of operands other than 2-D")
+    f32 = DataType.FLOAT
+    m = imp.g.matmul(imp.tensor(x), imp.tensor(y), compute_data_type=f32, name=imp.op_name("matmul"))
+    m.set_data_type(f32)
+    for role in ("scale_a", "scale_b"):
+        m = imp.g.mul(m, imp.at_rank(a[role], 2), name=imp.op_name(role)).set_data_type(f32)
+    bias = a.get("bias")
+    if bias is not None:
+        m = imp.g.add(m, imp.at_rank(bias, 2), name=imp.op_name("bias")).set_data_type(f32)
+    return m
 
 
 @op("t")
