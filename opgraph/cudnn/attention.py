@@ -351,10 +351,11 @@ class AttentionGraph:
                 rule="cudnn.not_implemented",
                 hint="drop it, or run the attention in 16 bits through sdpa, which takes it",
             )
-        stats = bool(generate_stats) if generate_stats is not None else not bool(is_inference)
-        g: Any = self
-        before = list(g._records)
+        from ..ops.attention_builders import stats_flag
         from ..ops.attention_fp8 import sdpa_fp8 as build
+
+        g: Any = self
+        start = len(g._records)
 
         out = build(
             self,
@@ -367,7 +368,7 @@ class AttentionGraph:
             descale_s,
             scale_s,
             scale_o,
-            generate_stats=stats,
+            generate_stats=stats_flag(generate_stats, is_inference, label),
             attn_scale=attn_scale,
             use_causal_mask=use_causal_mask,
             use_causal_mask_bottom_right=use_causal_mask_bottom_right,
@@ -376,9 +377,9 @@ class AttentionGraph:
             diagonal_band_left_bound=diagonal_band_left_bound,
             diagonal_band_right_bound=diagonal_band_right_bound,
             compute_data_type=compute_data_type,
-            name=name or f"sdpa_fp8_{len(before)}",
+            name=name or f"sdpa_fp8_{start}",
         )
-        self._composite_records.extend(r for r in g._records if all(r is not b for b in before))
+        self._composite_records.extend(g._records[start:])  # (the builder appends its ops)
         return out
 
     sdpa_fp8_backward = translated(_refuse("sdpa_fp8_backward"))
@@ -431,18 +432,19 @@ class AttentionGraph:
         """Remove a composite's ops whose results are all virtual and unread (an amax the program leaves
         virtual, as cuDNN's programs may), then those that only they read."""
         g: Any = self
+        composite = {id(r) for r in self._composite_records}  # (the list holds them: their ids stay theirs)
         while True:
             read = {id(v) for r in g._records for v in r.inputs if isinstance(v, Tensor)}
             dead = [
                 r
                 for r in g._records
-                if any(r is c for c in self._composite_records)
-                and all(t is None or (t.is_virtual and id(t) not in read) for t in r.outputs)
+                if id(r) in composite and all(t is None or (t.is_virtual and id(t) not in read) for t in r.outputs)
             ]
             if not dead:
                 return
             gone = {id(t) for r in dead for t in r.outputs if t is not None}
-            g._records = [r for r in g._records if all(r is not d for d in dead)]
+            dropped = {id(r) for r in dead}
+            g._records = [r for r in g._records if id(r) not in dropped]
             g._tensors = [t for t in g._tensors if id(t) not in gone]
             g._invalidate()
 

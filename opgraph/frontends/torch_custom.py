@@ -91,17 +91,24 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
         out = call_schema(target, _fill(template, tensors))
         return list(out) if multi else [out]
 
+    typed: list[bool] = []  # (set once the op refused float64 operands)
+
     def reference(*arrays: np.ndarray) -> list[np.ndarray | None]:
         tensors = []
         for arr, (shape, dtype) in zip(arrays, in_meta):
             t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).reshape(shape)
             tensors.append(t if dtype.is_floating_point else t.to(dtype))
-        try:
-            outs = call(tensors)
-        except (RuntimeError, TypeError, NotImplementedError):
-            # an op that takes only its traced types (torch._scaled_mm: fp8 operands, fp32 scales) runs in them;
-            # the values came from those types, so the conversion back is exact
-            outs = call([t.to(dtype) for t, (_, dtype) in zip(tensors, in_meta)])
+        traced = [t.to(dtype) for t, (_, dtype) in zip(tensors, in_meta)] if typed else None
+        if traced is None:
+            try:
+                outs = call(tensors)
+            except (RuntimeError, TypeError, NotImplementedError):
+                # an op that takes only its traced types (torch._scaled_mm: fp8 operands, fp32 scales) runs in
+                # them from then on; the values came from those types, so the conversion back is exact
+                typed.append(True)
+                traced = [t.to(dtype) for t, (_, dtype) in zip(tensors, in_meta)]
+        if traced is not None:
+            outs = call(traced)
         return [None if o is None else o.detach().to(torch.float64).reshape(og_dims(o.shape)).numpy() for o in outs]
 
     def device(*tensors: Any) -> list[Any]:

@@ -297,10 +297,8 @@ def _scaled_mm(imp: Importer, node: Any, a: Args) -> Tensor:
     if x.rank != 2 or y.rank != 2:
         raise Untranslatable("_scaled_mm of operands other than 2-D")
     f32 = DataType.FLOAT
-    m = imp.g.matmul(imp.tensor(x), imp.tensor(y), compute_data_type=f32, name=imp.op_name("matmul"))
-    m.set_data_type(f32)
-    for role in ("scale_a", "scale_b"):
-        m = imp.g.mul(m, imp.at_rank(a[role], 2), name=imp.op_name(role)).set_data_type(f32)
+    sa, sb = imp.at_rank(a["scale_a"], 2), imp.at_rank(a["scale_b"], 2)
+    m = imp.g.scaled_matmul(imp.tensor(x), imp.tensor(y), sa, sb, out_data_type=f32, name=imp.op_name())
     bias = a.get("bias")
     if bias is not None:
         m = imp.g.add(m, imp.at_rank(bias, 2), name=imp.op_name("bias")).set_data_type(f32)

@@ -191,7 +191,7 @@ def _declared(g: Any, value: Any, role: str, label: str) -> Tensor | None:
     return value
 
 
-def _stats_flag(generate_stats: Any, is_inference: Any, label: str) -> bool:
+def stats_flag(generate_stats: Any, is_inference: Any, label: str) -> bool:
     """generate_stats from itself or cuDNN's deprecated is_inference (its negation); default True."""
     if generate_stats is not None and is_inference is not None and bool(generate_stats) == bool(is_inference):
         raise AttributeValueError(
@@ -334,7 +334,7 @@ def sdpa(
         ```
     """
     label = f"sdpa '{name or 'sdpa'}'"
-    wants_stats = _stats_flag(generate_stats, is_inference, label)
+    wants_stats = stats_flag(generate_stats, is_inference, label)
     opts = band_fields(
         label,
         use_causal_mask,

@@ -210,13 +210,15 @@ def scaled_matmul(
         amax.set_output(True)
         ```
     """
-    prefix = f"{name}." if name else ""
-    d = self.matmul(A, B, compute_data_type=DataType.FLOAT, name=f"{prefix}matmul" if name else "")
-    d.set_data_type(DataType.FLOAT)
+
+    def called(part: str) -> str:
+        return f"{name}.{part}" if name else ""
+
+    d = self.matmul(A, B, compute_data_type=DataType.FLOAT, name=called("matmul")).set_data_type(DataType.FLOAT)
     for scale, role in ((scale_a, "scale_a"), (scale_b, "scale_b")):
         if scale is not None:
-            d = self.mul(d, scale, name=f"{prefix}{role}" if name else "").set_data_type(DataType.FLOAT)
-    out = self.identity(d, name=f"{prefix}cast" if name else "")
+            d = self.mul(d, scale, name=called(role)).set_data_type(DataType.FLOAT)
+    out = self.identity(d, name=called("cast"))
     if out_data_type is not None:
         out.set_data_type(out_data_type)
     if not amax:
@@ -226,5 +228,5 @@ def scaled_matmul(
         self.validate()
         ranks = [len(d.dim)]
     dims = [1] * max(ranks)
-    peak = self.reduction(d, mode="AMAX", name=f"{prefix}amax" if name else "").set_dim(dims)
+    peak = self.reduction(d, mode="AMAX", name=called("amax")).set_dim(dims)
     return [out, peak.set_data_type(DataType.FLOAT)]

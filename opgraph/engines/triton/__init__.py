@@ -346,6 +346,29 @@ class _Matches:
 _SESSION: ContextVar[_Matches | None] = ContextVar("opgraph_triton_matches", default=None)
 
 
+# the cast instructions generated kernels use (casts.py), by type: (only where a kernel writes it, the compute
+# capability it needs, what needs it, the instruction)
+_CAST_INSTRUCTIONS = (
+    (DataType.BFLOAT16, False, (8, 0), "bfloat16 in generated kernels needs", "cvt.rn.bf16.f32"),
+    (DataType.FP8_E4M3, True, (8, 9), "E4M3 results in generated kernels need", "cvt.rn.satfinite.e4m3x2.f32"),
+)
+
+
+def _missing_cast_instruction(piece: Piece, device: Device) -> str | None:
+    """Why a GPU cannot run the piece's generated kernels for want of a cast instruction (None: it can)."""
+    cap = device.capability
+    if not device.is_cuda or cap is None:
+        return None
+    for dtype, written, least, what, instruction in _CAST_INSTRUCTIONS:
+        uids = (u for n in piece.nodes for u in (n.output_uids() if written else (*n.input_uids(), *n.output_uids())))
+        if cap < least and any(isinstance(u, int) and piece.tensor(u).data_type is dtype for u in uids):
+            return (
+                f"{what} a GPU of compute capability {least[0]}.{least[1]} or newer (the {instruction} "
+                f"instruction); this one is {cap[0]}.{cap[1]}: another engine (PyTorch) runs it"
+            )
+    return None
+
+
 class TritonEngine(Engine):
     name = "triton"
 
@@ -381,33 +404,9 @@ class TritonEngine(Engine):
         return found
 
     def _match(self, piece: Piece, device: Device) -> tuple[Match[Any] | None, str]:
-        if (
-            device.is_cuda
-            and device.capability is not None
-            and device.capability < (8, 0)
-            and any(
-                piece.tensor(u).data_type is DataType.BFLOAT16
-                for n in piece.nodes
-                for u in (*n.input_uids(), *n.output_uids())
-                if isinstance(u, int)
-            )
-        ):
-            return None, (
-                f"bfloat16 in generated kernels needs a GPU of compute capability 8.0 or newer (the "
-                f"cvt.rn.bf16.f32 instruction); this one is {device.capability[0]}.{device.capability[1]}: "
-                "another engine (PyTorch) runs it"
-            )
-        if (
-            device.is_cuda
-            and device.capability is not None
-            and device.capability < (8, 9)
-            and any(piece.tensor(u).data_type is DataType.FP8_E4M3 for n in piece.nodes for u in n.output_uids())
-        ):
-            return None, (
-                f"E4M3 results in generated kernels need a GPU of compute capability 8.9 or newer (the "
-                f"cvt.rn.satfinite.e4m3x2.f32 instruction); this one is {device.capability[0]}."
-                f"{device.capability[1]}: another engine (PyTorch) runs it"
-            )
+        why = _missing_cast_instruction(piece, device)
+        if why is not None:
+            return None, why
         refusals = []
         for t in TEMPLATES:
             verdict = t.match(piece, device)

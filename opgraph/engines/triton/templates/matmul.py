@@ -199,15 +199,16 @@ class MatmulMatch(TileMatch):
     def problem(self) -> tuple[int, int, int, int]:
         """(M, N, K, bytes an operand element) of the product (of each product, with siblings)."""
         a, b = self.gp.operand("A"), self.gp.operand("B")
-        native = self.native_fp8 and not self.interpret
-        return self.gp.space.m, self.gp.space.n, a.dim[-1], operand_bytes(a.data_type, b.data_type, native_fp8=native)
+        elem = operand_bytes(a.data_type, b.data_type, native_fp8=self.native_fp8)
+        return self.gp.space.m, self.gp.space.n, a.dim[-1], elem
 
     @cached_property
     def native_fp8(self) -> bool:
         """Whether the operands are fp8 and multiply on the fp8 tensor cores: every operand tile loaded as it
-        is in memory (no prologue: a computed fp8 operand is widened) on a GPU that has them (sm_89 and up)."""
+        is in memory (no prologue: a computed fp8 operand is widened) on a GPU that has them (sm_89 and up), not
+        under the interpreter."""
         capability = self.device.capability
-        if not self.device.is_cuda or capability is None or capability < (8, 9):
+        if not self.device.is_cuda or self.interpret or capability is None or capability < (8, 9):
             return False
         uids = [node.input(_kind(role)) for role, node in operand_roles(self.gp).items()]
         ints = [u for u in uids if isinstance(u, int)]
@@ -451,7 +452,7 @@ class MatmulMatch(TileMatch):
         if self.focus is not None:
             configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
         configs = finish_candidates(configs, gp, device, extra)
-        return self._fp8_accumulation(configs) if self.native_fp8 and not self.interpret else configs
+        return self._fp8_accumulation(configs) if self.native_fp8 else configs
 
     def _fp8_accumulation(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """An fp8 product's configs: the fp32 accumulator joined once a main-loop step (FP8_ACC's default,
@@ -512,7 +513,7 @@ class MatmulMatch(TileMatch):
         return self._cost(k) * self._fp8_join(k)
 
     def _fp8_join(self, k: TileKnobs) -> float:
-        return fp8_join_cost(k) if self.native_fp8 and not self.interpret else 1.0
+        return fp8_join_cost(k) if self.native_fp8 else 1.0
 
     def _descriptors(self, k: TileKnobs) -> dict[str, Descriptor]:
         return self.descriptors if k.tma else {}
