@@ -70,7 +70,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
 
         compiled CASE KERNEL regs R spills S smem B cp.async N f16math M f32math M ld.v4 V st.v4 W ld.1 L mul.hi H
                  signbit S tma T
-                 wgmma W wgmma.fp8 F KNOBS
+                 wgmma W wgmma.fp8 F setmaxnreg R warps W KNOBS
 
     HOPPER_CASES maps a case name to (build, template, knobs, ...): build() returns the graph, whose
     nodes make one piece (or the piece itself: one of a dynamic plan's bucket), compiled with the
@@ -95,6 +95,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     from opgraph.engines.triton.loader import load_module
     from opgraph.engines.triton.rewrite import fp8_fill
     from opgraph.engines.triton.templates import discover
+    from opgraph.engines.triton.tma_desc import signature_type
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
     templates = {t.name: t for t in discover()}
@@ -115,6 +117,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
             loaded = load_module(gen.source, interpret=False)
             for launch in gen.launches:
                 fn = getattr(loaded, launch.kernel)
+                gluon = bool(getattr(fn, "is_gluon", lambda: False)())  # (a WS=1 matmul: a Gluon kernel)
                 meta = dict(launch.meta)
                 sig, consts = {}, {}
                 for arg_name, arg in zip(fn.arg_names, launch.args):
@@ -124,7 +127,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                         sig[arg_name] = "fp32"
                     elif arg.kind == "desc":  # a host-side TMA descriptor (engines/triton/tma_desc.py)
                         element = SIG[final.tensors[arg.uid].data_type.name]
-                        sig[arg_name] = f"tensordesc<{element}[{', '.join(map(str, arg.block))}]>"
+                        sig[arg_name] = signature_type(element, arg.block, gluon)
                     elif arg.kind == "size":  # a run-time size (engines/triton/sizes.py)
                         sig[arg_name] = "i64" if arg.dtype == "int64" else "i32"
                     else:
@@ -140,7 +143,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     for i, a in enumerate(fn.arg_names)
                     if sig.get(a, "").startswith("*")
                 }
-                src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+                src = (GluonASTSource if gluon else triton.compiler.ASTSource)(fn, sig, consts, attrs)
                 ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=meta)
                 with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                     f.write(ck.asm["ptx"])
@@ -210,6 +213,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     wgmma,
                     "wgmma.fp8",
                     wgmma_fp8,
+                    "setmaxnreg",  # (a warp-specialized kernel's partitions resize their registers)
+                    ptx.count("setmaxnreg"),
+                    "warps",
+                    ck.metadata.num_warps,
                     k,
                 )
 

@@ -57,6 +57,11 @@ def generate(template: Template, piece: Piece, knobs: Mapping[str, Any], device:
     return template.generate(piece, knobs, device)
 
 
+def _is_gluon(fn: Any) -> bool:
+    """Whether a generated kernel is Gluon's (gluon_prelude.py): its descriptors' types name their layouts."""
+    return bool(getattr(fn, "is_gluon", lambda: False)())
+
+
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("torch") is not None
 
@@ -159,7 +164,7 @@ class TritonKernel(Kernel):
         return self.generated.source
 
     # -- ahead-of-time compilation ----------------------------------------------------------------
-    def _arg_type(self, arg: Arg) -> str:
+    def _arg_type(self, arg: Arg, gluon: bool = False) -> str:
         if arg.kind == "buf":
             return compiler.pointer_type(self.piece.tensor(arg.uid).data_type)
         if arg.kind == "scalar":  # a Python float, rounded to its declared type by the binding, or an int64
@@ -167,7 +172,8 @@ class TritonKernel(Kernel):
         if arg.kind == "scratch":
             return compiler.scratch_type(arg.dtype)
         if arg.kind == "desc":
-            return tma_desc.signature_type(compiler.pointer_type(self.piece.tensor(arg.uid).data_type)[1:], arg.block)
+            element = compiler.pointer_type(self.piece.tensor(arg.uid).data_type)[1:]
+            return tma_desc.signature_type(element, arg.block, gluon)
         if arg.kind == "size":
             return "i64" if arg.dtype == "int64" else "i32"
         return "*i64"  # the address table
@@ -186,7 +192,7 @@ class TritonKernel(Kernel):
                     path,
                     name,
                     l.kernel,
-                    [self._arg_type(a) for a in l.args],
+                    [self._arg_type(a, _is_gluon(getattr(self.module, l.kernel))) for a in l.args],
                     dict(l.meta),
                     target,
                     canonical,

@@ -105,9 +105,12 @@ def _og_to_bf16(x):
 
 
 def _og_round_bf16(x):
-    # x (float32) rounded to bfloat16 and back (its bits in the high half), as _og_round_f16
+    # x (float32) rounded to bfloat16 and back (its bits in the high half), as _og_round_f16: the paired
+    # cvt rounds x into both halves of a word (cvt.rn.bf16.f32's rounding), the high one kept as the float32
+    # it is; two instructions an element where cvt.rn.bf16.f32, a 16-bit move and a shift took three, in
+    # every bf16 epilogue (bench/results/constants.md#bf16-rounding)
     return tl.inline_asm_elementwise(
-        "{ .reg .b16 h; .reg .b32 w; cvt.rn.bf16.f32 h, $1; cvt.u32.u16 w, h; shl.b32 $0, w, 16; }", "=f,f",
+        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $1, $1; and.b32 $0, p, 0xFFFF0000; }", "=f,f",
         [x.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
 
 

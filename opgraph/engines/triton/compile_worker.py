@@ -39,6 +39,12 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
     spec.loader.exec_module(module)
     if jit:
         from triton.runtime.jit import JITFunction
+
+        jit_class: Any = JITFunction
+        if getattr(module, "_OG_GLUON", False):  # (a Gluon module: gluon_prelude.py)
+            from triton.experimental.gluon._runtime import GluonJITFunction
+
+            jit_class = GluonJITFunction
     else:
         from triton.runtime.interpreter import InterpretedFunction
     used = _reachable(path) if jit else None
@@ -52,7 +58,7 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
         if jit:
             if not isinstance(fn, JITFunction):  # a custom op's function its module already jitted stays as is
                 fixed = [p for p in sizes if p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
-                setattr(module, attr, JITFunction(fn, do_not_specialize=fixed) if fixed else JITFunction(fn))
+                setattr(module, attr, jit_class(fn, do_not_specialize=fixed) if fixed else jit_class(fn))
         elif attr.startswith("kernel"):
             setattr(module, attr, InterpretedFunction(fn))
     return module
@@ -102,6 +108,10 @@ def ast_source(fn: Any, job: dict[str, Any]) -> Any:
     signature = {name: ty for name, ty in job["signature"]}
     constexprs = {(int(i),): v for i, v in job["constexprs"]}
     attrs = {(int(i),): [["tt.divisibility", 16]] for i in job["aligned"]}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, constexprs, attrs)
     return ASTSource(fn, signature, constexprs, attrs)
 
 

@@ -228,7 +228,8 @@ def _og_gelu_tanh(x):
 def _og_half_1p_tanh(u):
     # (1 + tanh(u)) / 2 = sigmoid(2u), without the cancellation of 1 + tanh(u) for u << 0
     e = tl.exp(-2.0 * _og_abs(u))
-    return tl.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    r = 1.0 / (1.0 + e)  # (one division an element: both sides of the where are computed)
+    return tl.where(u >= 0, r, e * r)
 
 
 def _og_sech2(x):

@@ -9,7 +9,7 @@ prologue to run apart) is the template's match's to check.
 
     family          templates                                 knobs
     TileKnobs       matmul, conv_fprop, conv_dgrad,           BLOCK_M BLOCK_N BLOCK_K GROUP_M SPLIT_K num_warps
-                    conv_wgrad, depthwise (pixel tiles)       num_stages PERSISTENT FLATTEN TMA TMA_HOST
+                    conv_wgrad, depthwise (pixel tiles)       num_stages PERSISTENT FLATTEN TMA TMA_HOST WS
                                                               EPILOGUE_SUBTILE EPI_M EPI_N fp32_precision PHASES
                                                               TAPS COMBINE_M COMBINE_N MERGE_TAPS PROLOGUE_PASS
                                                               WCOPY UNROLL
@@ -136,6 +136,9 @@ class TileKnobs(Knobs):
     TMA: int | None = None  # 1: operands read through device-side tensor descriptors where they allow (matmul; 0)
     TMA_HOST: int | None = None  # 1 (with TMA=1): those descriptors made at bind, kernel arguments (matmul; 0)
     EPILOGUE_SUBTILE: int | None = None  # 2: the epilogue runs on column halves of the tile (1)
+    # 1 (with TMA_HOST=1 and PERSISTENT): a Gluon kernel, warp-specialized: a TMA loader warp filling num_stages
+    # shared-memory stages, the num_warps consumer warps multiplying (async wgmma) and running the epilogue (matmul; 0)
+    WS: int | None = None
     EPI_M: int | None = None  # rows of the split-K epilogue launch's tiles (derived: ~2 programs per SM)
     EPI_N: int | None = None  # its columns
     fp32_precision: str | None = None  # fp32 operands: "tf32" (tensor cores) or "ieee" ("tf32")
@@ -204,13 +207,20 @@ class TileKnobs(Knobs):
                     rule=rule,
                     hint="use 0 (fast accumulation) or a power of two from 32 to BLOCK_K",
                 )
-        for key in ("TMA", "TMA_HOST", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS", "WCOPY", "UNROLL"):
+        for key in ("TMA", "TMA_HOST", "WS", "PHASES", "MERGE_TAPS", "PROLOGUE_PASS", "WCOPY", "UNROLL"):
             _one_of(key, getattr(self, key), (0, 1), rule, f"use {key}=0 or 1")
         if self.TMA_HOST and not self.TMA:
             raise AttributeValueError(
                 f"TMA_HOST={self.TMA_HOST} needs TMA=1 (it says where TMA's descriptors are made)",
                 rule=rule,
                 hint="add TMA=1, or drop TMA_HOST",
+            )
+        if self.WS and not (self.TMA_HOST and self.persistent and self.split_k == 1 and not self.FLATTEN):
+            raise AttributeValueError(
+                f"WS={self.WS} needs TMA=1, TMA_HOST=1, PERSISTENT, SPLIT_K=1 and no FLATTEN (its loader warp reads "
+                "the operands through host descriptors, its programs loop over the tiles)",
+                rule=rule,
+                hint="add TMA=1 TMA_HOST=1 PERSISTENT=<SMs>, drop SPLIT_K and FLATTEN, or drop WS",
             )
 
     # the values in effect (the defaults of knobs a config leaves out)
@@ -253,6 +263,10 @@ class TileKnobs(Knobs):
     @property
     def tma_host(self) -> bool:
         return bool(self.TMA_HOST)
+
+    @property
+    def ws(self) -> bool:
+        return bool(self.WS)
 
     @property
     def merged(self) -> bool:

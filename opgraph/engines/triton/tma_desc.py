@@ -42,9 +42,21 @@ _OOB_FILL_NONE = 0
 _TYPE = re.compile(r"tensordesc<([^\[>]+)\[([^\]]*)\]")
 
 
-def signature_type(element: str, block: Sequence[int]) -> str:
-    """The kernel parameter's Triton type: `element` is Triton's name of the element type (fp16, bf16, ...)."""
-    return f"tensordesc<{element}[{', '.join(str(b) for b in block)}]>"
+def signature_type(element: str, block: Sequence[int], gluon: bool = False) -> str:
+    """The kernel parameter's Triton type: `element` is Triton's name of the element type (fp16, bf16, ...).
+    A Gluon kernel's (`gluon`) names its shared-memory layout too: Gluon's default for the block, the layout
+    the kernel's buffers take from the parameter."""
+    layout = f",{gluon_layout(element, block)}" if gluon else ""
+    return f"tensordesc<{element}[{', '.join(str(b) for b in block)}]{layout}>"
+
+
+def gluon_layout(element: str, block: Sequence[int]) -> str:
+    """Gluon's default shared-memory layout (NVMMASharedLayout: the swizzle wgmma and TMA read) of a
+    descriptor's block of `element`s, as its signature spells it."""
+    from triton.experimental.gluon import language as gl
+    from triton.language import str_to_ty
+
+    return repr(gl.NVMMASharedLayout.get_default_for(list(block), str_to_ty(element, None)))
 
 
 def rank_of(ty: str) -> int:

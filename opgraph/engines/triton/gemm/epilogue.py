@@ -41,6 +41,10 @@ class Context:
     sizes: Sizes | None = None  # a bucket kernel's size parameters (sizes.py); None at a shape
     # kernels that run before the main one (their source and launch): a depthwise filter's copy
     before: list[tuple[str, Launch]] = field(default_factory=list)
+    # a Gluon kernel's (WS=1: templates/_matmul_ws.py): its module is Gluon's, its TMA stores go through the
+    # shared-memory tile `smem_<descriptor>`, and `functions` holds its partitions (module-level, before it)
+    gluon: bool = False
+    functions: list[str] = field(default_factory=list)
 
     def largest(self, value: SymInt) -> int:
         """A size at its largest: its value, or a bucket kernel's dynamic one over the bucket (scratch laid
@@ -254,6 +258,17 @@ class DescriptorStore:
         return f"{self.name}.store([pid_m * BLOCK_M, {self.col0}], tl.broadcast_to({value}, ({rows}, {cols})))"
 
 
+class GluonDescriptorStore(DescriptorStore):
+    """DescriptorStore in a Gluon kernel: the tile through its shared-memory buffer (`_og_gl_tma_store`)."""
+
+    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
+        rows, cols = self.shape
+        return (
+            f"_og_gl_tma_store({self.name}, smem_{self.name}, pid_m * BLOCK_M, {self.col0}, "
+            f"tl.broadcast_to({value}, ({rows}, {cols})))"
+        )
+
+
 def _epilogue_tile(
     ctx: Context,
     sig: Signature,
@@ -283,7 +298,8 @@ def _epilogue_tile(
         if uid in accs and int_acc and out_desc.data_type is DataType.INT32:
             em.lines.append(indexer.store(out_desc, ctx.ptr_of(sig)(uid), accs[uid]))  # exact, not via fp32
         elif uid in ctx.tma_stores:
-            em.store(uid, DescriptorStore(ctx.tma_stores[uid], col0, indexer.shape))
+            store = GluonDescriptorStore if ctx.gluon else DescriptorStore
+            em.store(uid, store(ctx.tma_stores[uid], col0, indexer.shape))
         else:
             em.store(uid)
     lines = em.lines

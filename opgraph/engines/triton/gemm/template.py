@@ -447,6 +447,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
             programs, grid_expr, args = sized_launch(sizes, sig, programs)
         assert isinstance(programs, int)
         functions += [source for source, _ in ctx.before]
+        functions += ctx.functions
         functions.append(sig.source("kernel", list(constexprs), body))
         launches = [
             *(launch for _, launch in ctx.before),
@@ -465,7 +466,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
         add_combines(plans, plan_ctx, functions, launches)
         if sizes is not None:  # (after every kernel: the combine launches' sizes too)
             functions.insert(0, sizes.declaration())
-        source = module_source(*functions)
+        source = module_source(*functions, gluon=ctx.gluon)
         # "needs_allocator": device-side tensor descriptors take global scratch at launch
         notes = frozenset({"needs_allocator"}) if "tl.make_tensor_descriptor" in source else frozenset()
         # (a bucket kernel's scratch, the reductions' partials, is laid out for the bucket's largest shape)

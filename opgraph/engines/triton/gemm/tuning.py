@@ -101,6 +101,8 @@ def estimate_us(
             eff *= 1.08  # epilogue of one tile overlaps the next tile's loads (663-694 TFLOP/s)
             if knobs.tma_host:
                 eff *= 1.08  # host descriptors, flattened loop (bench/results/constants.md#hopper-host-descriptors)
+            if knobs.ws:
+                eff *= 1.08  # a loader warp, the consumers' products in flight (constants.md#warp-specialized-gemm)
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
     moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
     tiles_loaded = programs * (bm + bn) * bk * -(-iters // split) * elem_bytes

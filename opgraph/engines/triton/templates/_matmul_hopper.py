@@ -81,10 +81,10 @@ def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
         )
 
 
-def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs) -> None:
+def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs, budget: int = SMEM_BUDGET) -> None:
     """TMA stores of the stored outputs that allow them (ctx.tma_stores): a 2-D output of the tile's
     space, rows contiguous, 16-byte aligned rows, a float type; while the operands' stages and the
-    staging tiles fit in shared memory. The others keep pointer stores."""
+    staging tiles fit in `budget` bytes of shared memory. The others keep pointer stores."""
     gp, sp = m.gp, m.gp.space
     if sp.nbatch * sp.groups != 1 or len(sp.dims) != 2:
         return
@@ -111,7 +111,7 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
         ):
             continue
         smem += k.BLOCK_M * cols * size
-        if smem > SMEM_BUDGET:
+        if smem > budget:
             return
         ctx.tma_stores[uid] = sig.desc(
             f"desc_c{uid}", uid, 0, list(t.dim), tma_strides(list(t.dim), list(t.stride), size), [k.BLOCK_M, cols]

@@ -40,6 +40,7 @@ from ....core.piece import Piece
 from ....core.symbolic import SymInt, evaluate, free_symbols, lambdify
 from ....core.tensor import TensorDesc
 from ..expr import custom_imports, helpers_for
+from ..gluon_prelude import GLUON_PRELUDE
 from ..knobs import Knobs
 
 K = TypeVar("K", bound=Knobs)
@@ -410,16 +411,23 @@ def unique(configs: Iterable[T]) -> list[T]:
     return list(dict.fromkeys(configs))
 
 
-def module_source(*functions: str) -> str:
+def module_source(*functions: str, gluon: bool = False) -> str:
     """A generated module: imports (and those of the custom ops' Triton functions it calls), the
-    helpers they call, the kernels."""
+    helpers they call, the kernels. `gluon`: a Gluon module (gluon_prelude.py)."""
     body = "\n".join(functions)
     helpers = helpers_for(body)
-    return "\n".join(
-        [
+    head = (
+        [GLUON_PRELUDE]
+        if gluon
+        else [
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
+        ]
+    )
+    return "\n".join(
+        [
+            *head,
             *custom_imports(body),
             *([f"\n{helpers}\n"] if helpers else []),
             *functions,

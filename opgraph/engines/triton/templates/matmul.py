@@ -86,6 +86,7 @@ from ._matmul_hopper import (
     occupancy_config,
 )
 from ._matmul_regroup import regroup_rows
+from ._matmul_ws import WarpSpecLoop, ranks_first, ws_config, ws_refusal
 from .base import Generated
 
 # per operand: (the tile's row index start, its column index start) in the main loop
@@ -452,7 +453,22 @@ class MatmulMatch(TileMatch):
         if self.focus is not None:
             configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
         configs = finish_candidates(configs, gp, device, extra)
-        return self._fp8_accumulation(configs) if self.native_fp8 else configs
+        if self.native_fp8:
+            return self._fp8_accumulation(configs)
+        return self._warp_specialized(configs)
+
+    def _warp_specialized(self, configs: list[TileKnobs]) -> list[TileKnobs]:
+        """The configs with the warp-specialized Gluon kernel (WS=1, _matmul_ws.py) where the piece allows it
+        and its 128 x 128 tiles fill the GPU once at least: first or second (`ranks_first`)."""
+        m, n, _, _ = self.problem
+        host = next((c for c in configs if c.tma_host), None)
+        if host is None or -(-m // 128) * -(-n // 128) < self.device.sm_count:
+            return configs
+        if ws_refusal(self, self.device, self.interpret, self.sizes) is not None:
+            return configs
+        ws = ws_config(self, host, self.device)
+        at = 0 if ranks_first(self) else 1
+        return list(dict.fromkeys([*configs[:at], ws, *configs[at:]]))
 
     def _fp8_accumulation(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """An fp8 product's configs: the fp32 accumulator joined once a main-loop step (FP8_ACC's default,
@@ -522,6 +538,8 @@ class MatmulMatch(TileMatch):
         return tma_prelude(ctx.interpret) if self._descriptors(k) and not k.tma_host else []
 
     def loop(self, k: TileKnobs) -> TileLoop:
+        if k.ws:
+            return WarpSpecLoop(self)
         return HopperLoop(self) if k.tma_host else self
 
     def geometry(self, role: str, d: Descriptor) -> tuple[list[int], list[int], list[str]]:

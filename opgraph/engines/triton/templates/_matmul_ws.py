@@ -1,0 +1,248 @@
+"""The matmul template's warp-specialized Hopper path (WS=1): a Gluon kernel (gluon_prelude.py).
+
+A persistent kernel of `PERSISTENT` programs, each looping over its tiles in two partitions that share a ring
+of `num_stages` shared-memory stages through mbarriers:
+
+- the loader, one warp: for every tile and K step, waits until the consumers released the stage, then TMA
+  copies A's and each product's B tile into it (the host descriptors of the Hopper path: `host_descriptors`);
+  it runs ahead across tiles, so the next tile's first stages load during this tile's last products and its
+  epilogue;
+- the consumers, the launch's `num_warps` warps: asynchronous wgmma on the stages (one step's products in
+  flight while the previous step's stage goes back to the loader), then the shared epilogue (gemm/epilogue.py,
+  the same text as every other config) on the accumulators in their wgmma register layout; TMA-stored outputs
+  go through a shared-memory tile of their own (`_og_gl_tma_store`), whose store overlaps the next tile's
+  products.
+
+What it runs: a 2-D product (no batch axis; A and every B through a host descriptor, fp16 or bf16, bound by
+value), beside products of the same A (siblings: Llama's gate and up projections, whose SwiGLU is the
+epilogue), with an epilogue of pointwise ops, loads and stores, on a Hopper GPU (wgmma is sm_90a's); not under
+the interpreter (Gluon has none), not a dynamic plan's bucket kernel, not with reductions in the epilogue (their
+combine launches are Triton kernels, which a Gluon module cannot hold), not with fused custom ops (Triton
+functions).
+
+Why: the main loop of the Hopper path (TMA_HOST=1) is Triton's software pipeline, one instruction stream issuing
+loads, products and epilogue, and with two products a step its flattened loop pipelined badly (the sibling
+configs run unflattened: bench/results/triton-preferences.md#sibling-products); the Hopper lab found the
+warp-specialized design ahead of it on the Llama's short-K projections. Measured in the library:
+bench/results/constants.md#warp-specialized-gemm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ....core.device import Device
+from ....core.dtypes import DataType
+from ....core.errors import AttributeValueError
+from ..gemm import Context, MainLoop, Signature, epilogue
+from ..knobs import TileKnobs
+from ._matmul_hopper import HopperLoop, MatmulMatch, host_tma_ok, math_heavy_epilogue, store_descriptors
+
+WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
+_TYPES = (DataType.HALF, DataType.BFLOAT16)
+LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
+SHORT_K = 1024  # a product's K up to which a heavy epilogue is a large share of a tile's time (ranks_first)
+MAX_STAGES = 5  # (the lab's single-product kernel: 5 stages 774 TFLOP/s, 4: 738, 6: 719)
+# the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
+# allocates (the stages, the stored tiles, the barriers), so no margin is kept for the compiler's own
+WS_SMEM = 227 * 1024
+# per operand kind: (the tile's row start, its column start), as the other configs' main loops read them
+_STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
+
+
+def ws_refusal(m: MatmulMatch, device: Device, interpret: bool, sizes: Any) -> str | None:
+    """Why the piece has no WS=1 config on `device` (None: it has)."""
+    gp = m.gp
+    if interpret or not device.is_cuda or device.capability != WS_CAPABILITY:
+        return "warp-specialized kernels (Gluon, wgmma) run on sm_90 GPUs, not under the interpreter"
+    if sizes is not None:
+        return "a dynamic plan's bucket kernel takes its sizes at run time; the Gluon kernel is made per shape"
+    if not host_tma_ok(m, device) or any(d.batch is not None for d in m.descriptors.values()):
+        return "A and each B must be read through 2-D host descriptors"
+    sp = gp.space
+    if sp.nbatch * sp.groups != 1 or len(sp.dims) != 2:
+        return "the product has batch axes"
+    types = {gp.tensor(n.input(r)).data_type for n in gp.mains for r in ("A", "B")}  # type: ignore[arg-type]
+    if len(types) != 1 or not types <= set(_TYPES):
+        return "the operands are not all fp16 or all bf16"
+    if gp.reductions:
+        return "the epilogue reduces (its combine launches are Triton kernels)"
+    tensors = gp.piece.graph.tensors
+    if any(tensors[u].is_by_reference for u in (*gp.piece.inputs, *gp.piece.outputs)):
+        return "a tensor is bound by reference (read through the plan's address table)"
+    if any(n.kind == "custom" for n in gp.epilogue):
+        return "a custom op is fused (a Triton function)"
+    return None
+
+
+def ranks_first(m: MatmulMatch) -> bool:
+    """Whether the WS=1 config goes first: for products side by side (the SwiGLU), and for one product over
+    K <= SHORT_K whose epilogue does heavy math (GELU, SiLU, tanh: a large share of a tile's time at short K, run
+    while the loader fetches the next tile) and reads no tile of its own (an [M, N] operand read through
+    pointers in the accumulator's layout takes one element a load); second otherwise, for tuning to weigh.
+    The measurements behind each case: bench/results/constants.md#warp-specialized-gemm."""
+    gp = m.gp
+    if len(gp.mains) > 1:
+        return True
+    if m.problem[2] > SHORT_K:
+        return False
+    sp = gp.space
+    made = {u for n in (*gp.mains, *gp.epilogue) for u in n.output_uids()}
+    tiles = any(u not in made and gp.tensor(u).numel >= sp.m * sp.n for n in gp.epilogue for u in n.input_uids())
+    return math_heavy_epilogue(gp) and not tiles
+
+
+def acc_layout(block_m: int, block_n: int, warps: int) -> str:
+    """The accumulator's wgmma register layout: warpgroups stacked along M (16-row atoms of 4 warps) until
+    BLOCK_M is covered, then along N; the widest wgmma N (<= 256, a multiple of 8) that tiles each share."""
+    w = [4, 1]
+    while w[0] * w[1] < warps:
+        if block_m > 16 * w[0]:
+            w[0] *= 2
+        else:
+            w[1] *= 2
+    share = max(block_n // w[1], 8)
+    n = 256
+    while n > share or block_n % n:
+        n -= 8
+    return f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={w}, instr_shape=[16, {n}, 16])"
+
+
+def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
+    """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), 4 consumer warps for one product
+    and no epilogue (the lab's best), else 8 (each warpgroup then holds 64 rows of every product's accumulator:
+    at 4 an erf GELU on one 128 x 128 accumulator spilled 132 bytes in ptxas), as many stages as shared memory
+    holds next to the TMA-stored outputs' tiles."""
+    width = len(m.gp.mains)
+    bm, bn, bk = 128, 128, 64
+    elem = m.problem[3]
+    stage = (bm + bn * width) * bk * elem
+    stores = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores)  # (each through its tile)
+    stages = max(2, min(MAX_STAGES, (WS_SMEM - stores - 256) // stage))
+    return c.replace(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        SPLIT_K=1,
+        TMA=1,
+        TMA_HOST=1,
+        WS=1,
+        PERSISTENT=device.sm_count,
+        FLATTEN=None,
+        EPILOGUE_SUBTILE=None,
+        num_warps=4 if width == 1 and not m.gp.epilogue else 8,
+        num_stages=stages,
+    )
+
+
+class WarpSpecLoop(HopperLoop):
+    """A WS=1 config's kernel: the loader and consumer partitions (module-level functions, `ctx.functions`)
+    and the kernel that allocates their shared memory and barriers and starts them."""
+
+    def check_knobs(self, k: TileKnobs) -> None:
+        super().check_knobs(k)
+        why = ws_refusal(self.m, self.m.device, self.m.interpret, self.m.sizes)  # type: ignore[attr-defined]
+        if why is not None:
+            raise AttributeValueError(
+                f"WS=1 is not offered for this piece: {why}",
+                op=self.m.gp.main.label(),
+                rule="triton.gemm.ws",
+                hint="drop WS (the Hopper path, TMA_HOST=1, runs it)",
+            )
+
+    def body(self, ctx: Context, sig: Signature, k: TileKnobs, partials: int | None) -> list[str]:
+        assert partials is None and k.BLOCK_K is not None
+        m, tiling = self.m, ctx.tiling
+        ctx.gluon = True
+        store_descriptors(m, ctx, sig, k, budget=WS_SMEM)
+        roles = list(m.descriptors)
+        work, programs = tiling.text(tiling.per_split), self.programs(tiling, k)
+        header = tiling.header(with_split=False, pid="work")
+        stages = k.stages
+        iters = self.iterations(k)
+        accs = ["acc", *(f"acc_s{i}" for i in range(len(roles) - 2))]
+        layout = acc_layout(k.BLOCK_M, k.BLOCK_N, k.warps)
+        epi = epilogue(ctx, sig, "acc", 1)
+        m.setup(ctx, sig, k)  # (the operands' descriptors: desc_A, desc_B, desc_B_s0, ...)
+        bufs = [f"smem_{r}" for r in roles]
+        store_bufs = [f"smem_{d}" for d in ctx.tma_stores.values()]
+        shared = [*sig.names, *bufs, *store_bufs, "ready", "empty"]
+        blocks = ["BLOCK_M", "BLOCK_N", "BLOCK_K"]
+        params = ", ".join([*shared, *(f"{b}: tl.constexpr" for b in blocks)])
+
+        def operand(role: str) -> str:  # (a stage holds the descriptor's block: [rows, K] or [K, cols] if transposed)
+            return f"smem_{role}.index(ws_s)" + (".permute((1, 0))" if m.descriptors[role].transposed else "")
+
+        loads = []
+        for role in roles:
+            rows, cols = _STARTS[role[0]]
+            coords = [cols, rows] if m.descriptors[role].transposed else [rows, cols]
+            loads.append(f"tma_load(desc_{role}, [{', '.join(coords)}], ws_bar, smem_{role}.index(ws_s))")
+        nbytes = " + ".join(f"desc_{r}.block_type.nbytes" for r in roles)
+        loader = [
+            f"def kernel_ws_loader({params}):",
+            "    ws_p = 0",
+            f"    for work in range(tl.program_id(0), {work}, {programs}):",
+            *(f"        {line}" for line in header),
+            f"        for it in range(0, {iters}):",
+            f"            ws_s = ws_p % {stages}",
+            f"            mbarrier.wait(empty.index(ws_s), ((ws_p // {stages}) & 1) ^ 1)",
+            "            ws_bar = ready.index(ws_s)",
+            f"            mbarrier.expect(ws_bar, {nbytes})",
+            *(f"            {line}" for line in loads),
+            "            ws_p += 1",
+        ]
+        issued = [
+            f"t{j} = warpgroup_mma({operand('A')}, {operand(role)}, {acc}, use_acc=it > 0, is_async=True)"
+            for j, (role, acc) in enumerate(zip(roles[1:], accs, strict=True))
+        ]
+        tokens = ", ".join(f"t{j}" for j in range(len(accs)))
+        names = ", ".join(accs)
+        consumer = [
+            f"def kernel_ws_consumer({params}):",
+            "    ws_c = 0",
+            f"    for work in range(tl.program_id(0), {work}, {programs}):",
+            *(f"        {line}" for line in header),
+            *(f"        {acc} = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout={layout})" for acc in accs),
+            f"        for it in range(0, {iters}):",
+            f"            ws_s = ws_c % {stages}",
+            f"            mbarrier.wait(ready.index(ws_s), (ws_c // {stages}) & 1)",
+            *(f"            {line}" for line in issued),
+            # the step before's products are done (this step's run on): its stage goes back to the loader once
+            # every consumer warp is past the wait
+            f"            {names} = warpgroup_mma_wait({len(accs)}, ({tokens},))",
+            "            sync_warps()",
+            f"            mbarrier.arrive(empty.index((ws_c + {stages - 1}) % {stages}), pred=it > 0)",
+            "            ws_c += 1",
+            f"        {names} = warpgroup_mma_wait(0, ({names},))",
+            "        sync_warps()",
+            f"        mbarrier.arrive(empty.index((ws_c + {stages - 1}) % {stages}))",
+            *(f"        {line}" for line in epi),
+            "    tma.store_wait(0)",
+        ]
+        ctx.functions += ["\n".join(loader) + "\n", "\n".join(consumer) + "\n"]
+        lines = [
+            f"smem_{r} = gl.allocate_shared_memory(desc_{r}.dtype, [{stages}] + desc_{r}.block_type.shape, "
+            f"desc_{r}.layout)"
+            for r in roles
+        ]
+        lines += [
+            f"smem_{d} = gl.allocate_shared_memory({d}.dtype, {d}.block_type.shape, {d}.layout)"
+            for d in ctx.tma_stores.values()
+        ]
+        lines += [
+            f"ready = gl.allocate_shared_memory(gl.int64, [{stages}, 1], mbarrier.MBarrierLayout())",
+            f"empty = gl.allocate_shared_memory(gl.int64, [{stages}, 1], mbarrier.MBarrierLayout())",
+            f"for i in gl.static_range({stages}):",
+            "    mbarrier.init(ready.index(i), count=1)",
+            "    mbarrier.init(empty.index(i), count=1)",
+        ]
+        args = ", ".join([*shared, *blocks])
+        lines.append(
+            f"gl.warp_specialize([(kernel_ws_consumer, ({args})), (kernel_ws_loader, ({args}))], "
+            f"[{LOADER_WARPS}], [{LOADER_REGS}])"
+        )
+        return lines
+
+    def lines(self, ctx: Context, sig: Signature, k: TileKnobs, lo: str, hi: str) -> MainLoop:
+        raise AssertionError("a WS=1 kernel's main loop is its consumer partition's (body)")

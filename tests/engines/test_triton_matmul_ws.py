@@ -1,0 +1,347 @@
+"""The matmul template's warp-specialized Gluon path (WS=1: templates/_matmul_ws.py, gluon_prelude.py): which
+pieces are offered it and where it ranks on a simulated H200, the generated Gluon module, the knobs' errors, the
+kernels compiled for sm_90a without a GPU (partitions, wgmma, TMA, no spills); marked gpu, every case against the
+reference engine on a Hopper GPU. Gluon has no interpreter: under it the path is never offered."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import opgraph as og
+from opgraph.core.config import EngineConfig
+from opgraph.core.device import Device
+from opgraph.core.errors import AttributeValueError
+from opgraph.core.piece import make_piece
+from opgraph.engines.triton import generate
+from opgraph.engines.triton.knobs import TileKnobs
+from opgraph.engines.triton.templates._matmul_ws import acc_layout
+
+from ..helpers import requires_cuda, step_plan
+from .test_triton_matmul import layout_strides
+
+DT = og.DataType
+H200 = Device("cuda", 0, "NVIDIA H200", (9, 0), 132)
+A100 = Device("cuda", 0, "NVIDIA A100", (8, 0), 108)
+B200 = Device("cuda", 0, "NVIDIA B200", (10, 0), 148)
+
+
+def _template():
+    from opgraph.engines.triton import TEMPLATES
+
+    return next(t for t in TEMPLATES if t.name == "matmul")
+
+
+def _graph(name, dt):
+    return og.Graph(name, io_data_type=dt, intermediate_data_type=DT.FLOAT, compute_data_type=DT.FLOAT)
+
+
+def swiglu(m=8192, k=1024, n=2816, dt=DT.BFLOAT16, kv=False):
+    """A Llama block's SwiGLU (SiLU(x @ Wg) * (x @ Wu), nn.Linear weights [N, K] read transposed), or with
+    `kv` its key and value projections (two products, both stored)."""
+    g = _graph("swiglu", dt)
+    x = g.tensor(dim=[m, k], name="x")
+    wg = g.tensor(dim=[k, n], stride=[1, k], name="w_gate")
+    wu = g.tensor(dim=[k, n], stride=[1, k], name="w_up")
+    if kv:
+        g.matmul(x, wg, name="k").set_output(True)
+        g.matmul(x, wu, name="v").set_output(True)
+        return g
+    g.mul(g.swish(g.matmul(x, wg, name="gate")), g.matmul(x, wu, name="up")).set_output(True)
+    return g
+
+
+def bias_gelu(m=8192, k=1024, n=4096, dt=DT.BFLOAT16, a_layout="row", b_layout="col"):
+    g = _graph("bias_gelu", dt)
+    a = g.tensor(dim=[m, k], stride=layout_strides((m, k), a_layout), name="A")
+    b = g.tensor(dim=[k, n], stride=layout_strides((k, n), b_layout), name="B")
+    bias = g.tensor(dim=[1, n], name="bias")
+    g.gelu(g.add(g.matmul(a, b), bias)).set_output(True)
+    return g
+
+
+def residual(m=8192, k=1024, n=1024, dt=DT.BFLOAT16, stats=False):
+    """The output projection with the residual added (an [M, N] operand read in the epilogue); `stats`: and
+    the next RMSNorm's mean of squares (a row reduction)."""
+    g = _graph("residual", dt)
+    a = g.tensor(dim=[m, k], name="A")
+    w = g.tensor(dim=[k, n], stride=[1, k], name="W")
+    r = g.tensor(dim=[m, n], name="R")
+    y = g.add(g.matmul(a, w), r).set_output(True).set_data_type(dt)
+    if stats:
+        g.reduction(g.mul(y, y), "AVG").set_dim([m, 1]).set_output(True)
+    return g
+
+
+def plain(m=8192, k=1024, n=4096, dt=DT.BFLOAT16):
+    g = _graph("plain", dt)
+    g.matmul(g.tensor(dim=[m, k], name="A"), g.tensor(dim=[k, n], stride=[1, k], name="B")).set_output(True)
+    return g
+
+
+def _piece(g):
+    return make_piece(g.final, 0, list(g.final.nodes))
+
+
+def _cands(g, device=H200):
+    return [TileKnobs(**c) for c in _template().candidates(_piece(g), device)]
+
+
+def _ws(cands):
+    return [c for c in cands if c.WS]
+
+
+# -- where the path is offered ------------------------------------------------------------------------------------
+
+
+def test_products_side_by_side_rank_it_first():
+    """The SwiGLU's gate and up projections: the Gluon kernel first (measured faster than the Hopper path's
+    unflattened sibling loop), 128 x 128 tiles of each product, two consumer warpgroups, four stages (3 x 48 KiB
+    of operands and the bf16 output's 32 KiB tile within 227 KiB)."""
+    cands = _cands(swiglu())
+    first = cands[0]
+    assert first.WS == 1 and first.TMA_HOST == 1 and first.PERSISTENT == 132, cands[:3]
+    assert (first.BLOCK_M, first.BLOCK_N, first.BLOCK_K, first.num_warps, first.num_stages) == (128, 128, 64, 8, 4)
+    assert not first.FLATTEN and not first.EPILOGUE_SUBTILE
+    assert len(_ws(cands)) == 1
+    assert _cands(swiglu(kv=True))[0].WS == 1
+
+
+def test_one_product_with_heavy_math_ranks_it_first():
+    """Bias + GELU (math the consumers' epilogue runs while the loader fetches the next tile): first, two
+    consumer warpgroups; a plain product, or one reading a tile in its epilogue (the residual: one element a
+    load in the accumulator's layout), second, for tuning to weigh."""
+    cands = _cands(bias_gelu())
+    assert cands[0].WS == 1 and (cands[0].num_warps, cands[0].num_stages) == (8, 5), cands[:3]
+    cands = _cands(plain())
+    assert not cands[0].WS and cands[1].WS == 1 and cands[1].num_warps == 4, cands[:3]  # (the lab's best)
+    cands = _cands(residual())
+    assert not cands[0].WS and cands[1].WS == 1, cands[:3]
+    cands = _cands(bias_gelu(k=2048))  # (a long K: the epilogue a smaller share)
+    assert not cands[0].WS and cands[1].WS == 1, cands[:3]
+    g = _graph("residual_gelu", DT.BFLOAT16)
+    a, w, r = (
+        g.tensor(dim=[8192, 1024], name="A"),
+        g.tensor(dim=[1024, 4096], name="W"),
+        g.tensor(dim=[8192, 4096], name="R"),
+    )
+    g.gelu(g.add(g.matmul(a, w), r)).set_output(True)
+    assert not _cands(g)[0].WS
+
+
+@pytest.mark.parametrize(
+    "name,g,device",
+    [
+        ("an A100 (no wgmma)", bias_gelu(), A100),
+        ("a B200 (tcgen05, not wgmma)", bias_gelu(), B200),
+        ("the CPU (the interpreter)", bias_gelu(), Device("cpu")),
+        ("fewer tiles than SMs", bias_gelu(m=1024, n=1024), H200),
+        ("fp32 operands", bias_gelu(dt=DT.FLOAT), H200),
+        ("a row reduction in the epilogue", residual(stats=True), H200),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_not_offered(name, g, device):
+    assert not _ws(_cands(g, device)), name
+
+
+def test_batch_axes_are_not_offered_it():
+    g = _graph("batched", DT.BFLOAT16)
+    a = g.tensor(dim=[4, 2048, 1024], name="A")
+    b = g.tensor(dim=[4, 1024, 2048], name="B")
+    g.matmul(a, b).set_output(True)
+    assert not _ws(_cands(g))
+
+
+def test_refusals_say_why():
+    from opgraph.engines.triton.templates._matmul_ws import ws_refusal
+
+    t = _template()
+    for g, device, why in [
+        (bias_gelu(), A100, "sm_90"),
+        (bias_gelu(dt=DT.FLOAT), H200, "fp16 or all bf16"),
+        (residual(stats=True), H200, "reduces"),
+    ]:
+        m = t.matched(_piece(g), device)
+        assert why in (ws_refusal(m, device, m.interpret, m.sizes) or ""), why
+
+
+# -- the knobs ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "knobs,what",
+    [
+        ({"WS": 1, "TMA": 1, "PERSISTENT": 132}, "TMA_HOST"),
+        ({"WS": 1, "TMA": 1, "TMA_HOST": 1}, "PERSISTENT"),
+        ({"WS": 1, "TMA": 1, "TMA_HOST": 1, "PERSISTENT": 132, "FLATTEN": 1}, "FLATTEN"),
+        ({"WS": 1, "TMA": 1, "TMA_HOST": 1, "PERSISTENT": 132, "SPLIT_K": 2}, "SPLIT_K"),
+        ({"WS": 2, "TMA": 1, "TMA_HOST": 1, "PERSISTENT": 132}, "WS=2"),
+    ],
+)
+def test_knob_errors(knobs, what):
+    with pytest.raises(AttributeValueError, match=what):
+        TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, **knobs)
+
+
+def test_forcing_it_on_a_piece_it_does_not_run_is_a_typed_error():
+    ws = _ws(_cands(swiglu()))[0]
+    with pytest.raises(AttributeValueError, match="WS=1 is not offered.*fp16 or all bf16"):
+        generate(_template(), _piece(bias_gelu(dt=DT.FLOAT)), dict(ws.pairs()), H200)
+
+
+# -- the generated module -----------------------------------------------------------------------------------------
+
+
+def _source(g, device=H200):
+    return generate(_template(), _piece(g), dict(_ws(_cands(g, device))[0].pairs()), device).source
+
+
+def test_the_module_is_gluon_and_partitioned():
+    src = _source(swiglu())
+    assert "_OG_GLUON = True" in src and "import triton.language as tl" not in src
+    assert "gl.warp_specialize([(kernel_ws_consumer" in src and "(kernel_ws_loader" in src
+    loader = src[src.index("def kernel_ws_loader") : src.index("def kernel_ws_consumer")]
+    consumer = src[src.index("def kernel_ws_consumer") : src.index("\ndef kernel(")]
+    # the loader: three TMA copies a step into the stage the consumers released; no products
+    assert loader.count("tma_load(") == 3 and "warpgroup_mma" not in loader and "mbarrier.wait(empty" in loader
+    # the consumers: two products a step (the weights' [N, K] blocks read transposed), one step in flight
+    assert consumer.count("warpgroup_mma(") == 2 and consumer.count(".permute((1, 0))") == 2
+    assert "warpgroup_mma_wait(2, (t0, t1,))" in consumer and "mbarrier.arrive(empty" in consumer
+    # the shared epilogue in tl names, its store through the tile's shared memory
+    assert "tl.sigmoid(" in consumer and "_og_gl_tma_store(desc_c" in consumer and "tl.store(" not in consumer
+    assert acc_layout(128, 128, 8) in consumer
+
+
+@pytest.mark.parametrize(
+    "a_layout,b_layout,permutes", [("row", "col", 1), ("row", "row", 0), ("col", "row", 1), ("col", "col", 2)]
+)
+def test_operand_layouts(a_layout, b_layout, permutes):
+    """A stage holds the descriptor's block; an operand whose rows are contiguous (transposed) is read through
+    a permuted view of it, as wgmma takes either major order of 16-bit operands."""
+    src = _source(bias_gelu(a_layout=a_layout, b_layout=b_layout))
+    consumer = src[src.index("def kernel_ws_consumer") : src.index("\ndef kernel(")]
+    assert consumer.count(".permute((1, 0))") == permutes
+
+
+def test_acc_layout():
+    """Warpgroups stacked along the rows first: 8 warps on 128 rows are two 64-row groups, the wgmma N the
+    tile's width."""
+    assert "warps_per_cta=[8, 1], instr_shape=[16, 128, 16]" in acc_layout(128, 128, 8)
+    assert "warps_per_cta=[4, 1], instr_shape=[16, 128, 16]" in acc_layout(128, 128, 4)
+    assert "warps_per_cta=[4, 2], instr_shape=[16, 64, 16]" in acc_layout(64, 128, 8)
+
+
+def test_the_module_loads_as_gluon():
+    from opgraph.engines.triton.loader import load_module
+
+    module = load_module(_source(swiglu()), interpret=False)
+    assert all(getattr(module, k).is_gluon() for k in ("kernel", "kernel_ws_loader", "kernel_ws_consumer"))
+
+
+def test_gluon_descriptor_types_name_the_layout():
+    from opgraph.engines.triton.tma_desc import rank_of, signature_type
+
+    ty = signature_type("bf16", (128, 64), gluon=True)
+    assert ty.startswith("tensordesc<bf16[128, 64],NVMMASharedLayout(") and "swizzle_byte_width=128" in ty
+    assert rank_of(ty) == 2 and signature_type("bf16", (128, 64)) == "tensordesc<bf16[128, 64]>"
+
+
+# -- compiled for Hopper without a GPU ------------------------------------------------------------------------------
+
+HOPPER_CASES = {
+    "plain": (plain, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "swiglu": (swiglu, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "kv": (lambda: swiglu(kv=True), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "bias_gelu": (bias_gelu, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "bias_gelu_fp16_col_a": (
+        lambda: bias_gelu(dt=DT.HALF, a_layout="col", b_layout="row"),
+        "matmul",
+        lambda cands: [c for c in cands if c.get("WS")],
+    ),
+    "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+}
+
+
+def test_kernels_compile_for_hopper():
+    """sm_90a, the installed Triton: a loader warp beside the consumers (4 or 8 warps, rounded up to whole
+    warpgroups), registers resized per partition (setmaxnreg), wgmma products, TMA copies, no spills."""
+    from .hopper_compile import compile_for_hopper
+
+    out = compile_for_hopper(__name__, gpu="H200")
+    lines = [line for line in out.splitlines() if line.startswith("compiled")]
+    assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
+    for line in lines:
+        w = line.split()
+        field = {w[i]: w[i + 1] for i in range(3, len(w) - 1, 2) if not w[i].startswith("{")}
+        knobs = eval(line[line.index("{") :])  # noqa: S307 - the harness's own dict
+        assert int(field["spills"]) == 0 and int(field["wgmma"]) > 0 and int(field["tma"]) > 0, line
+        assert int(field["setmaxnreg"]) > 0 and int(field["warps"]) == knobs["num_warps"] + 4, line
+        assert int(field["smem"]) <= 227 * 1024, line
+
+
+# -- on a Hopper GPU ------------------------------------------------------------------------------------------------
+
+
+def _gpu_check(g, rng):
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    built = g.build(device="cuda", engines=["triton"], allow_partition=False)
+    (step,) = built.steps
+    cands = [TileKnobs(**c) for c in _template().candidates(step.piece, built.device)]
+    ws = _ws(cands)
+    if not ws:  # (a small case: the tiles fill the GPU less than once, so the candidates leave it out)
+        from opgraph.engines.triton.templates._matmul_ws import ws_config
+
+        host = next(c for c in cands if c.TMA_HOST)
+        ws = [ws_config(_template().matched(step.piece, built.device), host, built.device)]
+    plan = step_plan(
+        built, step, EngineConfig("triton", tuple(sorted({**dict(ws[0].pairs()), "template": "matmul"}.items())))
+    )
+    assert "warp_specialize" in plan.source(0)
+    for _ in range(2):  # (new buffers: the descriptors encoded again)
+        # (sums over K ~ 1000 of unit products: an element near zero is as exact as their fp32 rounding, ~1e-3
+        # of the output's scale; a wrong tile, stage or store is off by the scale itself)
+        bad = og.testing.check_plan(plan, rng, atol=2e-2)
+        assert not bad, "\n".join(map(str, bad))
+    return plan
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
+@pytest.mark.parametrize("kv", [False, True])
+def test_gpu_siblings(dt, kv, rng):
+    """Ragged M, N and K (the descriptors' zero-filled edges, the stores clipped), several tiles a program."""
+    _gpu_check(swiglu(m=1000, k=1000, n=520, dt=dt, kv=kv), rng)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "col"), ("row", "row"), ("col", "row"), ("col", "col")])
+def test_gpu_bias_gelu_layouts(a_layout, b_layout, rng):
+    _gpu_check(bias_gelu(m=1000, k=520, n=776, dt=DT.BFLOAT16, a_layout=a_layout, b_layout=b_layout), rng)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_residual(rng):
+    """An [M, N] operand loaded in the epilogue (pointers, the accumulator's layout), a bf16 output."""
+    _gpu_check(residual(m=1000, k=1000, n=392), rng)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_heuristic_picks_it_for_the_llama_swiglu(rng):
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs an sm_90 GPU")
+    g = swiglu(m=4096, k=1024, n=2816)
+    plan = g.build(device="cuda", engines=["triton"], allow_partition=False)
+    assert plan.steps[0].config.knob("WS") == 1 and re.search(r"warpgroup_mma\(", plan.source(0))
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
