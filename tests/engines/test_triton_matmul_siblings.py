@@ -115,13 +115,15 @@ def test_split_k_is_refused_with_a_typed_error():
 
 def test_gpu_candidates_tile_the_products_side_by_side():
     """On an H200 the candidates' tiles are as wide as one product's of twice the columns, split between the
-    two (128 x 256 becomes 128 x 128 each), unsplit, on the Hopper path with the epilogue on halves."""
+    two (128 x 256 becomes 128 x 128 each), unsplit, on the Hopper path with the epilogue on halves, after the
+    warp-specialized kernel (test_triton_matmul_ws.py)."""
     g, _ = _swiglu(DT.BFLOAT16)
     t = _matmul_template()
     piece = make_piece(g.final, 0, list(g.final.nodes))
     cands = t.candidates(piece, H200)
     assert all(c.get("SPLIT_K", 1) == 1 for c in cands)
-    first = t.candidates(_big_swiglu(), H200)[0]
+    ws, first = t.candidates(_big_swiglu(), H200)[:2]
+    assert ws.get("WS") == 1
     assert (first["BLOCK_M"], first["BLOCK_N"], first.get("TMA_HOST"), first.get("EPILOGUE_SUBTILE")) == (
         128,
         128,

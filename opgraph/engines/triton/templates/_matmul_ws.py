@@ -36,12 +36,11 @@ from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ..gemm import Context, MainLoop, Signature, epilogue
 from ..knobs import TileKnobs
-from ._matmul_hopper import HopperLoop, MatmulMatch, host_tma_ok, math_heavy_epilogue, store_descriptors
+from ._matmul_hopper import HopperLoop, MatmulMatch, host_tma_ok, store_descriptors
 
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
 LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
-SHORT_K = 1024  # a product's K up to which a heavy epilogue is a large share of a tile's time (ranks_first)
 MAX_STAGES = 5  # (the lab's single-product kernel: 5 stages 774 TFLOP/s, 4: 738, 6: 719)
 # the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
 # allocates (the stages, the stored tiles, the barriers), so no margin is kept for the compiler's own
@@ -76,20 +75,11 @@ def ws_refusal(m: MatmulMatch, device: Device, interpret: bool, sizes: Any) -> s
 
 
 def ranks_first(m: MatmulMatch) -> bool:
-    """Whether the WS=1 config goes first: for products side by side (the SwiGLU), and for one product over
-    K <= SHORT_K whose epilogue does heavy math (GELU, SiLU, tanh: a large share of a tile's time at short K, run
-    while the loader fetches the next tile) and reads no tile of its own (an [M, N] operand read through
-    pointers in the accumulator's layout takes one element a load); second otherwise, for tuning to weigh.
-    The measurements behind each case: bench/results/constants.md#warp-specialized-gemm."""
-    gp = m.gp
-    if len(gp.mains) > 1:
-        return True
-    if m.problem[2] > SHORT_K:
-        return False
-    sp = gp.space
-    made = {u for n in (*gp.mains, *gp.epilogue) for u in n.output_uids()}
-    tiles = any(u not in made and gp.tensor(u).numel >= sp.m * sp.n for n in gp.epilogue for u in n.input_uids())
-    return math_heavy_epilogue(gp) and not tiles
+    """Whether the WS=1 config goes first: for products side by side (the SwiGLU's gate and up projections, whose
+    Hopper-path configs run unflattened); for one product it goes second, for tuning to weigh (the flattened
+    Hopper path was as fast or faster on the one-product pieces measured: a GELU epilogue, a residual read in the
+    epilogue). The measurements: bench/results/constants.md#warp-specialized-gemm."""
+    return len(m.gp.mains) > 1
 
 
 def acc_layout(block_m: int, block_n: int, warps: int) -> str:
