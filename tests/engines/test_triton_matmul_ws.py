@@ -52,12 +52,15 @@ def swiglu(m=8192, k=1024, n=2816, dt=DT.BFLOAT16, kv=False):
     return g
 
 
-def bias_gelu(m=8192, k=1024, n=4096, dt=DT.BFLOAT16, a_layout="row", b_layout="col"):
+def bias_gelu(m=8192, k=1024, n=4096, dt=DT.BFLOAT16, a_layout="row", b_layout="col", out_layout="row"):
+    """Bias + erf GELU; `out_layout` "col": the output column-major (pointer stores, not TMA), in fp32."""
     g = _graph("bias_gelu", dt)
     a = g.tensor(dim=[m, k], stride=layout_strides((m, k), a_layout), name="A")
     b = g.tensor(dim=[k, n], stride=layout_strides((k, n), b_layout), name="B")
     bias = g.tensor(dim=[1, n], name="bias")
-    g.gelu(g.add(g.matmul(a, b), bias)).set_output(True)
+    y = g.gelu(g.add(g.matmul(a, b), bias)).set_output(True)
+    if out_layout == "col":
+        y.set_stride(layout_strides((m, n), "col")).set_data_type(DT.FLOAT)
     return g
 
 
@@ -249,6 +252,7 @@ HOPPER_CASES = {
         lambda cands: [c for c in cands if c.get("WS")],
     ),
     "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "pointer_store": (lambda: bias_gelu(out_layout="col"), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
 }
 
 
@@ -260,6 +264,7 @@ def test_kernels_compile_for_hopper():
     out = compile_for_hopper(__name__, gpu="H200")
     lines = [line for line in out.splitlines() if line.startswith("compiled")]
     assert {line.split()[1] for line in lines} == set(HOPPER_CASES), out
+    assert "tl.store(" in _source(bias_gelu(out_layout="col"))  # (the pointer_store case: no TMA store)
     for line in lines:
         w = line.split()
         field = {w[i]: w[i + 1] for i in range(3, len(w) - 1, 2) if not w[i].startswith("{")}
@@ -312,6 +317,14 @@ def test_gpu_siblings(dt, kv, rng):
 @pytest.mark.parametrize("a_layout,b_layout", [("row", "col"), ("row", "row"), ("col", "row"), ("col", "col")])
 def test_gpu_bias_gelu_layouts(a_layout, b_layout, rng):
     _gpu_check(bias_gelu(m=1000, k=520, n=776, dt=DT.BFLOAT16, a_layout=a_layout, b_layout=b_layout), rng)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_pointer_stores(rng):
+    """An output no TMA store writes (column-major, fp32): pointer stores in the accumulator's layout."""
+    plan = _gpu_check(bias_gelu(m=1000, k=520, n=776, out_layout="col"), rng)
+    assert "tl.store(" in plan.source(0) and "_og_gl_tma_store(" not in plan.source(0)
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ from ._matmul_hopper import HopperLoop, MatmulMatch, host_tma_ok, store_descript
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
 LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
-MAX_STAGES = 5  # (the lab's single-product kernel: 5 stages 774 TFLOP/s, 4: 738, 6: 719)
+MAX_STAGES = 5  # (the Hopper lab's single-product kernel ran best at 5: constants.md#warp-specialized-gemm)
 # the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
 # allocates (the stages, the stored tiles, the barriers), so no margin is kept for the compiler's own
 WS_SMEM = 227 * 1024
