@@ -16,7 +16,8 @@ poisoned with NaN first; relative L2 and max errors within the output type's rou
 plan's execute and cuBLAS (torch.matmul / addmm / _addmm_activation with out=) as a CUDA graph of K calls
 (bench.measure: replays timed with CUDA events behind a spin kernel, no host time), median of --rounds.
 Prints a markdown table; writes $OUT/hopper_gemm_check.{json,md} after every row (a kill keeps what ran).
-Exit status 1 when an output check fails. --budget (s) stops starting rows; --only NAME,... picks rows.
+Exit status 1 when an output check fails. --budget (s) stops starting rows; --only NAME,... picks rows;
+--ws adds the warp-specialized Gluon kernel (WS=1, templates/_matmul_ws.py) where the row allows it.
 """
 
 from __future__ import annotations
@@ -161,6 +162,12 @@ def main() -> int:
         help="also the Hopper path with two programs a multiprocessor (_matmul_hopper.occupancy_config: one's "
         "epilogue beside the other's main loop)",
     )
+    ap.add_argument(
+        "--ws",
+        action="store_true",
+        help="also the warp-specialized Gluon kernel (_matmul_ws.ws_config of the first Hopper-path candidate) on "
+        "every row it runs (a row it refuses shows '-')",
+    )
     ap.add_argument("--candidates", type=int, default=0, help="also the template's first N candidates (c0, c1, ...)")
     args = ap.parse_args()
     t0 = time.time()
@@ -173,6 +180,7 @@ def main() -> int:
     from opgraph.engines.triton import TEMPLATE_BY_NAME, compiler
     from opgraph.engines.triton.knobs import TileKnobs
     from opgraph.engines.triton.templates._matmul_hopper import occupancy_config
+    from opgraph.engines.triton.templates._matmul_ws import ws_config, ws_refusal
 
     dev = torch.cuda.get_device_properties(0)
     header = {
@@ -184,6 +192,7 @@ def main() -> int:
     }
     rows = [s for s in SHAPES if not args.only or s[0] in args.only.split(",")]
     variants = ["new", "before"] + (["same-dev"] if args.ablate else []) + (["occ2"] if args.occupancy else [])
+    variants += ["ws"] if args.ws else []
     variants += [f"c{i}" for i in range(args.candidates)]
 
     # -- build every plan (nothing compiled yet), then compile all kernels in parallel ----------------------
@@ -202,6 +211,13 @@ def main() -> int:
         if args.occupancy:  # the template's tuning candidate for math-heavy epilogues, on every row
             occ = occupancy_config(TileKnobs.parse(chosen, "matmul"), plan.device)
             plans["occ2"] = config_plan(plan, dict(occ.pairs()))
+        if args.ws:  # (where the piece allows it: a row it refuses has no "ws" plan)
+            host = next((c for c in cands if c.get("TMA_HOST")), None)
+            m = TEMPLATE_BY_NAME["matmul"].matched(plan.steps[0].piece, plan.device)
+            if host is not None and ws_refusal(m, plan.device, m.interpret, m.sizes) is None:
+                knobs = {kk: v for kk, v in host.items() if kk != "template"}
+                ws = ws_config(m, TileKnobs.parse(knobs, "matmul"), plan.device)
+                plans["ws"] = config_plan(plan, dict(ws.pairs()))
         for i, c in enumerate(cands[: args.candidates]):
             plans[f"c{i}"] = config_plan(plan, {kk: v for kk, v in c.items() if kk != "template"})
         built[name] = {"graph": g, "tensors": t, "plans": plans}
