@@ -83,6 +83,21 @@ def plain(m=8192, k=1024, n=4096, dt=DT.BFLOAT16):
     return g
 
 
+def max_min(m=8192, k=1024, n=2816, dt=DT.BFLOAT16):
+    """The SwiGLU clipped: min(max(SiLU(gate) * up, lo), hi), and a ReLU with an upper clip on a second output
+    (maximum / minimum name tl.PropagateNan)."""
+    g = _graph("max_min", dt)
+    x = g.tensor(dim=[m, k], name="x")
+    wg = g.tensor(dim=[k, n], stride=[1, k], name="w_gate")
+    wu = g.tensor(dim=[k, n], stride=[1, k], name="w_up")
+    gate = g.matmul(x, wg, name="gate")
+    y = g.mul(g.swish(gate), g.matmul(x, wu, name="up"))
+    lo, hi = g.tensor(dim=[1, n], name="lo"), g.tensor(dim=[1, n], name="hi")
+    g.min(g.max(y, lo), hi).set_output(True)
+    g.relu(gate, upper_clip=6.0).set_output(True).set_data_type(dt)
+    return g
+
+
 def _piece(g):
     return make_piece(g.final, 0, list(g.final.nodes))
 
@@ -158,6 +173,86 @@ def test_refusals_say_why():
         assert why in (ws_refusal(m, device, m.interpret, m.sizes) or ""), why
 
 
+def test_a_dynamic_plans_bucket_piece_is_not_offered_it():
+    """A bucket piece's kernels take their sizes at run time; the Gluon kernel is made per shape (offered first for
+    the SwiGLU, it failed the bucket's build before the refusal)."""
+    from opgraph.build.buckets import choose
+
+    batch, seq = og.Dim("batch", 1, 8), og.Dim("seq", 512, 4096)
+    g = _graph("swiglu_dyn", DT.BFLOAT16)
+    x = g.tensor(dim=[batch, seq, 1024], name="x")
+    wg = g.tensor(dim=[1, 1024, 2816], stride=[2816 << 10, 1, 1024], name="wg")
+    wu = g.tensor(dim=[1, 1024, 2816], stride=[2816 << 10, 1, 1024], name="wu")
+    g.mul(g.swish(g.matmul(x, wg)), g.matmul(x, wu)).set_output(True)
+    final = g.final
+    (bucket,) = choose(final, "one").buckets
+    hint = final.in_bucket(bucket.hint_map, bucket)
+    piece = make_piece(hint, 0, hint.nodes)
+    t = _template()
+    m = t.matched(piece, H200)
+    assert m.bucket is not None and not _ws([TileKnobs(**c) for c in t.candidates(piece, H200)])
+    from opgraph.engines.triton.templates._matmul_ws import ws_refusal
+
+    assert "bucket" in (ws_refusal(m, H200, m.interpret, m.sizes) or "")
+    assert not t.sized_knobs(TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, TMA=1, TMA_HOST=1, PERSISTENT=132, WS=1))
+
+
+def test_every_tl_name_the_epilogue_writes_resolves_in_gluon():
+    """The prelude's `tl` is Gluon's functions under tl's names, and what Gluon lacks written (WRITTEN): every
+    `tl.<name>` of the shared epilogue's emitters and HELPERS must resolve there (MAX / MIN name
+    tl.PropagateNan, which Gluon does not have)."""
+    import pathlib
+
+    from triton.experimental.gluon import language as gl
+
+    from opgraph.engines.triton import expr
+    from opgraph.engines.triton.gluon_prelude import WRITTEN
+
+    root = pathlib.Path(expr.__file__).parent
+    text = expr.HELPERS + "".join(
+        (root / f).read_text() for f in ("expr.py", "casts.py", "gemm/epilogue.py", "gemm/indexing.py")
+    )
+    # (the main loop's and split-K's names are not the epilogue's: the Gluon kernel has its own main loop)
+    names = set(re.findall(r"\btl\.([A-Za-z_]\w*)", text)) - {"dot", "range", "make_tensor_descriptor", "core"}
+    missing = sorted(n for n in names if not hasattr(gl, n) and n not in WRITTEN)
+    assert not missing, missing
+
+
+def test_a_refused_gluon_is_said():
+    from opgraph.engines.triton import gluon_prelude
+    from opgraph.engines.triton.templates._matmul_ws import ws_refusal
+
+    t = _template()
+    m = t.matched(_piece(swiglu()), H200)
+    gluon_prelude.gluon_available.cache_clear()
+    try:
+        import triton
+
+        real = triton.__version__
+        triton.__version__ = "3.3.1"
+        assert "triton>=3.6" in (ws_refusal(m, H200, False, None) or "")
+    finally:
+        triton.__version__ = real
+        gluon_prelude.gluon_available.cache_clear()
+    assert ws_refusal(m, H200, False, None) is None
+
+
+def test_descriptor_objects_for_gluon_name_their_layout():
+    """Triton's own launch (OPGRAPH_LAUNCH=jit, an unaligned argument) takes descriptor objects: a Gluon kernel's
+    carry the shared layout its signature names."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from opgraph.engines.triton.templates.base import Arg, ArgKind
+    from opgraph.engines.triton.tma_desc import descriptor_object, gluon_layout
+
+    buffer = torch.zeros(256 * 64, dtype=torch.bfloat16)
+    arg = Arg(ArgKind.DESC, 0, 0, shape=(256, 64), strides=(64, 1), block=(128, 64))
+    d = descriptor_object(arg, buffer, gluon=True)
+    assert isinstance(d, GluonDescriptor) and repr(d.layout) == gluon_layout("bf16", (128, 64))
+    assert not isinstance(descriptor_object(arg, buffer), GluonDescriptor)
+
+
 # -- the knobs ----------------------------------------------------------------------------------------------------
 
 
@@ -174,6 +269,25 @@ def test_refusals_say_why():
 def test_knob_errors(knobs, what):
     with pytest.raises(AttributeValueError, match=what):
         TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, **knobs)
+
+
+def test_warps_that_are_not_whole_warpgroups_are_a_typed_error():
+    ws = _ws(_cands(swiglu()))[0]
+    with pytest.raises(AttributeValueError, match="whole warpgroups"):
+        generate(_template(), _piece(swiglu()), dict(ws.replace(num_warps=2).pairs()), H200)
+
+
+def test_other_templates_refuse_it():
+    from opgraph.engines.triton import TEMPLATES
+
+    conv = next(t for t in TEMPLATES if t.name == "conv_fprop")
+    g = _graph("conv", DT.BFLOAT16)
+    x = g.tensor(dim=[2, 64, 16, 16], name="x")
+    w = g.tensor(dim=[64, 64, 3, 3], name="w")
+    g.conv_fprop(x, w, padding=[1, 1]).set_output(True)
+    knobs = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "TMA": 1, "TMA_HOST": 1, "PERSISTENT": 132, "WS": 1}
+    with pytest.raises(AttributeValueError, match="WS is a knob of the matmul template"):
+        generate(conv, _piece(g), knobs, H200)
 
 
 def test_forcing_it_on_a_piece_it_does_not_run_is_a_typed_error():
@@ -253,6 +367,7 @@ HOPPER_CASES = {
     ),
     "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "pointer_store": (lambda: bias_gelu(out_layout="col"), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "max_min": (lambda: max_min(), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
 }
 
 
@@ -291,15 +406,18 @@ def _gpu_check(g, rng):
 
         host = next(c for c in cands if c.TMA_HOST)
         ws = [ws_config(_template().matched(step.piece, built.device), host, built.device)]
-    plan = step_plan(
-        built, step, EngineConfig("triton", tuple(sorted({**dict(ws[0].pairs()), "template": "matmul"}.items())))
-    )
-    assert "warp_specialize" in plan.source(0)
-    for _ in range(2):  # (new buffers: the descriptors encoded again)
-        # (sums over K ~ 1000 of unit products: an element near zero is as exact as their fp32 rounding, ~1e-3
-        # of the output's scale; a wrong tile, stage or store is off by the scale itself)
-        bad = og.testing.check_plan(plan, rng, atol=2e-2)
-        assert not bad, "\n".join(map(str, bad))
+    # the config as offered (a program a tile where the tiles are fewer than the SMs), then 7 programs, each of
+    # several tiles, unevenly (the loader running ahead into the next tile, the ring's phases across tiles, the
+    # stored tile's buffer reused)
+    for knobs in (ws[0], ws[0].replace(PERSISTENT=7)):
+        config = EngineConfig("triton", tuple(sorted({**dict(knobs.pairs()), "template": "matmul"}.items())))
+        plan = step_plan(built, step, config)
+        assert "warp_specialize" in plan.source(0)
+        for _ in range(2):  # (new buffers: the descriptors encoded again)
+            # (sums over K ~ 1000 of unit products: an element near zero is as exact as their fp32 rounding, ~1e-3
+            # of the output's scale; a wrong tile, stage or store is off by the scale itself)
+            bad = og.testing.check_plan(plan, rng, atol=2e-2)
+            assert not bad, "\n".join(map(str, bad))
     return plan
 
 
@@ -308,7 +426,7 @@ def _gpu_check(g, rng):
 @pytest.mark.parametrize("dt", [DT.HALF, DT.BFLOAT16], ids=lambda d: d.name)
 @pytest.mark.parametrize("kv", [False, True])
 def test_gpu_siblings(dt, kv, rng):
-    """Ragged M, N and K (the descriptors' zero-filled edges, the stores clipped), several tiles a program."""
+    """Ragged M, N and K (the descriptors' zero-filled edges, the stores clipped), one and several tiles a program."""
     _gpu_check(swiglu(m=1000, k=1000, n=520, dt=dt, kv=kv), rng)
 
 
@@ -317,6 +435,12 @@ def test_gpu_siblings(dt, kv, rng):
 @pytest.mark.parametrize("a_layout,b_layout", [("row", "col"), ("row", "row"), ("col", "row"), ("col", "col")])
 def test_gpu_bias_gelu_layouts(a_layout, b_layout, rng):
     _gpu_check(bias_gelu(m=1000, k=520, n=776, dt=DT.BFLOAT16, a_layout=a_layout, b_layout=b_layout), rng)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_max_min(rng):
+    _gpu_check(max_min(m=1000, k=520, n=392), rng)
 
 
 @pytest.mark.gpu

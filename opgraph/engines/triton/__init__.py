@@ -192,7 +192,7 @@ class TritonKernel(Kernel):
                     path,
                     name,
                     l.kernel,
-                    [self._arg_type(a, _is_gluon(getattr(self.module, l.kernel))) for a in l.args],
+                    [self._arg_type(a, self.gluon(li)) for a in l.args],
                     dict(l.meta),
                     target,
                     canonical,
@@ -202,7 +202,7 @@ class TritonKernel(Kernel):
                         if a.kind == "size" and a.expr is not None and divides(16, a.expr)
                     ],
                 )
-                for l in self.generated.launches
+                for li, l in enumerate(self.generated.launches)
             ]
         return self._specs[i]
 
@@ -269,7 +269,11 @@ class TritonKernel(Kernel):
             _ensure_allocator()
         return TritonLauncher(self, binding, scratch)
 
-    def _arg(self, arg: Arg, buffers: Mapping[int, Any], scratch: Any) -> Any:
+    def gluon(self, i: int) -> bool:
+        """Whether launch i's kernel is Gluon's (a WS=1 matmul: its descriptors name their layouts)."""
+        return not self.interpret and _is_gluon(getattr(self.module, self.generated.launches[i].kernel))
+
+    def _arg(self, arg: Arg, buffers: Mapping[int, Any], scratch: Any, gluon: bool = False) -> Any:
         if arg.kind == "buf":
             return _as_torch(buffers[arg.uid])
         if arg.kind == "scalar":
@@ -283,7 +287,7 @@ class TritonKernel(Kernel):
         if arg.kind == "size":
             return arg.value
         if arg.kind == "desc":
-            return tma_desc.descriptor_object(arg, _as_torch(buffers[arg.uid]))
+            return tma_desc.descriptor_object(arg, _as_torch(buffers[arg.uid]), gluon)
         raise ValueError(arg.kind)
 
     def run(self, buffers: Mapping[int, Any], stream: Any = None, scratch: Any = None) -> None:
@@ -292,8 +296,8 @@ class TritonKernel(Kernel):
         # the interpreter evaluates masked-off lanes too (e.g. 0/0 past the end): NumPy's warnings
         # about them are noise
         with np.errstate(all="ignore"), interpreting_here():
-            for launch, launcher in zip(self.generated.launches, self.launchers):
-                launcher([self._arg(a, buffers, scratch) for a in launch.args], stream)
+            for i, (launch, launcher) in enumerate(zip(self.generated.launches, self.launchers)):
+                launcher([self._arg(a, buffers, scratch, self.gluon(i)) for a in launch.args], stream)
 
 
 def refusal_text(piece: Piece, refusals: list[tuple[Template, str]]) -> str:

@@ -94,7 +94,7 @@ class TritonLauncher(Launcher):
         if arg.kind == "size":
             return arg.value
         if arg.kind == "desc":
-            return tma_desc.descriptor_object(arg, self.binding.buffers[arg.uid])
+            return tma_desc.descriptor_object(arg, self.binding.buffers[arg.uid], self.kernel.gluon(li))
         return self.binding.buffers[TABLE_KEY]
 
     def _make(self, li: int) -> Any:
@@ -186,7 +186,7 @@ class InterpretedLauncher(Launcher):
         from . import _as_torch
 
         out = []
-        for launch in self.kernel.generated.launches:
+        for li, launch in enumerate(self.kernel.generated.launches):
             args = []
             for a in launch.args:
                 if a.kind == "buf":
@@ -198,7 +198,9 @@ class InterpretedLauncher(Launcher):
 
                     args.append(_as_torch(self.scratch)[a.offset :].view(getattr(torch, a.dtype)))
                 elif a.kind == "desc":
-                    args.append(tma_desc.descriptor_object(a, _as_torch(self.binding.buffers[a.uid])))
+                    args.append(
+                        tma_desc.descriptor_object(a, _as_torch(self.binding.buffers[a.uid]), self.kernel.gluon(li))
+                    )
                 elif a.kind == "size":
                     args.append(a.value)
                 else:

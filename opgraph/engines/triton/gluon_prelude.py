@@ -15,12 +15,16 @@ the same arguments in the same order. (Names without the `_og_` prefix: compile_
 
 from __future__ import annotations
 
+import importlib.util
+from functools import cache
+
 GLUON_MARK = "_OG_GLUON = True"  # (compile_worker.exec_generated: the module's functions are Gluon's)
 
 GLUON_PRELUDE = (
     """import types as _og_types
 
 import triton
+import triton.language as _og_tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -60,5 +64,26 @@ for _og_name in dir(gl):
         setattr(tl, _og_name, getattr(gl, _og_name))
 tl.sigmoid = _og_gl_sigmoid
 tl.broadcast_to = _og_gl_broadcast_to
+tl.PropagateNan = _og_tl.PropagateNan  # (an enum the epilogue's maximum / minimum name: tl's own)
 """
 )
+
+
+# the epilogue's tl names the prelude's `tl` must resolve beyond Gluon's own (tests/engines/test_triton_matmul_ws.py
+# checks every tl name the shared epilogue and HELPERS write)
+WRITTEN = ("sigmoid", "broadcast_to", "PropagateNan")
+
+
+@cache
+def gluon_available() -> bool:
+    """Whether the installed Triton has Gluon with the Hopper API this prelude names (Triton >= 3.6: `warp_specialize`
+    taking (function, args) pairs, `NVMMASharedLayout.get_default_for`, host descriptors with a layout)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    import triton
+
+    try:
+        major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (3, 6) and importlib.util.find_spec("triton.experimental.gluon") is not None

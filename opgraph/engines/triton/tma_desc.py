@@ -185,11 +185,11 @@ class TensorMapSlot:
         return ctypes.string_at(self.address, MAP_BYTES)
 
 
-def descriptor_object(arg: Arg, buffer: Any) -> Any:
+def descriptor_object(arg: Arg, buffer: Any, gluon: bool = False) -> Any:
     """The descriptor as Triton's JIT and interpreter take it: a TensorDescriptor over `buffer` (a torch
-    tensor: the bound buffer) from the argument's element offset."""
+    tensor: the bound buffer) from the argument's element offset; for a Gluon kernel (`gluon`) Gluon's, with the
+    shared-memory layout its signature names (`gluon_layout`)."""
     import torch
-    from triton.tools.tensor_descriptor import TensorDescriptor
 
     base = torch.as_strided(buffer, (1,), (1,), buffer.storage_offset() + arg.offset)
     if base.data_ptr() % 16:
@@ -198,4 +198,34 @@ def descriptor_object(arg: Arg, buffer: Any) -> Any:
             rule="triton.tma_desc",
             hint="bind 16-byte aligned buffers (fresh allocations are), or build with a config without TMA / TMA_HOST",
         )
+    if gluon:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+        layout = gl.NVMMASharedLayout.get_default_for(list(arg.block), _GL_DTYPES[buffer.dtype])
+        return GluonDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block), layout)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     return TensorDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block))
+
+
+class _GluonDtypes(dict):  # type: ignore[type-arg]
+    """torch dtype -> Triton's (Gluon's) element type of a descriptor, made at the first lookup."""
+
+    def __missing__(self, key: Any) -> Any:
+        import torch
+        import triton.language as tl
+
+        self.update(
+            {
+                torch.float16: tl.float16,
+                torch.bfloat16: tl.bfloat16,
+                torch.float32: tl.float32,
+                torch.float8_e4m3fn: tl.float8e4nv,
+                torch.float8_e5m2: tl.float8e5,
+            }
+        )
+        return dict.__getitem__(self, key)
+
+
+_GL_DTYPES = _GluonDtypes()

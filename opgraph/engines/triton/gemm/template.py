@@ -296,6 +296,14 @@ class TileTemplate(Template):
         return m if verdict.ok else verdict
 
 
+# knobs of TileKnobs that only some templates take (TileMatch.own_knobs), with who takes them
+_OWNED_KNOBS = {
+    "WCOPY": "the depthwise template's pixel tiles",
+    "UNROLL": "the depthwise template's pixel tiles",
+    "WS": "the matmul template (its warp-specialized Gluon kernel)",
+}
+
+
 class TileMatch(Match[TileKnobs], TileLoop):
     """A GEMM-class piece matched: its analysis `gp` (GemmPiece) and the device. The match is its own plain
     main loop (TileLoop) unless `loop(knobs)` returns another strategy."""
@@ -305,7 +313,7 @@ class TileMatch(Match[TileKnobs], TileLoop):
     # where the match is over a symbolic piece (sizes.symbolic_piece) and its kernel takes its dynamic
     # sizes at run time: the size parameters (the template's `tiling` spells sizes by `sizes.text`)
     sizes: Sizes | None = None
-    # knobs of TileKnobs that only some templates take (the depthwise pixel tiles' WCOPY and UNROLL)
+    # the knobs of _OWNED_KNOBS this template takes (the depthwise pixel tiles' WCOPY and UNROLL, matmul's WS)
     own_knobs: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, template: TileTemplate, gp: GemmPiece, device: Device) -> None:
@@ -408,10 +416,10 @@ class TileMatch(Match[TileKnobs], TileLoop):
         return None
 
     def generate(self, knobs: TileKnobs) -> Generated:
-        for knob in ("WCOPY", "UNROLL"):
+        for knob, owner in _OWNED_KNOBS.items():
             if getattr(knobs, knob, None) and knob not in self.own_knobs:
                 raise AttributeValueError(
-                    f"{knob} is a knob of the depthwise template's pixel tiles, not of {self.template.name}",
+                    f"{knob} is a knob of {owner}, not of {self.template.name}",
                     op=self.gp.main.label(),
                     rule="triton.gemm.knob",
                     hint=f"drop {knob} from this config",

@@ -61,7 +61,7 @@ HOPPER = (9, 0)  # TMA (cp.async.bulk.tensor) needs compute capability 9.0
 # shared memory the operand stages, the TMA stores' staging tiles and the epilogue's scratch may take (the
 # compiler refuses a binary over the device's limit: compiler._refuse_oversized; this keeps the first pick valid)
 SMEM_BUDGET = 200 * 1024
-_STORED = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)  # output types stored through descriptors
+STORED_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)  # output types stored through descriptors
 
 
 def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
@@ -101,7 +101,7 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
             # (a by-reference output's descriptor is made in the kernel from the table's address, its
             # shape spelled out: a bucket kernel's would be the hint's at every shape)
             (t.is_by_reference and ctx.sizes is not None)
-            or t.data_type not in _STORED
+            or t.data_type not in STORED_TYPES
             or uid in gp.views
             or list(t.dim) != list(sp.dims)
             or t.stride[1] != 1

@@ -35,8 +35,9 @@ from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ..gemm import Context, MainLoop, Signature, epilogue
+from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
-from ._matmul_hopper import HopperLoop, MatmulMatch, host_tma_ok, store_descriptors
+from ._matmul_hopper import STORED_TYPES, HopperLoop, MatmulMatch, host_tma_ok, store_descriptors
 
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
@@ -54,7 +55,9 @@ def ws_refusal(m: MatmulMatch, device: Device, interpret: bool, sizes: Any) -> s
     gp = m.gp
     if interpret or not device.is_cuda or device.capability != WS_CAPABILITY:
         return "warp-specialized kernels (Gluon, wgmma) run on sm_90 GPUs, not under the interpreter"
-    if sizes is not None:
+    if not gluon_available():
+        return "the installed Triton has no Gluon of 3.6's API (install triton>=3.6)"
+    if sizes is not None or m.bucket is not None:
         return "a dynamic plan's bucket kernel takes its sizes at run time; the Gluon kernel is made per shape"
     if not host_tma_ok(m, device) or any(d.batch is not None for d in m.descriptors.values()):
         return "A and each B must be read through 2-D host descriptors"
@@ -98,6 +101,20 @@ def acc_layout(block_m: int, block_n: int, warps: int) -> str:
     return f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={w}, instr_shape=[16, {n}, 16])"
 
 
+def _tma_stored(m: MatmulMatch, uid: int) -> bool:
+    """Whether stored output `uid` may go through a TMA store (store_descriptors' own test, but for the shared
+    memory it leaves): it then takes a tile of shared memory beside the stages."""
+    t = m.gp.tensor(uid)
+    size = t.data_type.itemsize
+    return (
+        t.data_type in STORED_TYPES
+        and uid not in m.gp.views
+        and t.stride[-1] == 1
+        and (t.stride[0] * size) % 16 == 0
+        and t.stride[0] >= t.dim[1]
+    )
+
+
 def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), 4 consumer warps for one product
     and no epilogue (the lab's best), else 8 (each warpgroup then holds 64 rows of every product's accumulator:
@@ -107,7 +124,7 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     bm, bn, bk = 128, 128, 64
     elem = m.problem[3]
     stage = (bm + bn * width) * bk * elem
-    stores = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores)  # (each through its tile)
+    stores = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores if _tma_stored(m, u))
     stages = max(2, min(MAX_STAGES, (WS_SMEM - stores - 256) // stage))
     return c.replace(
         BLOCK_M=bm,
@@ -131,6 +148,14 @@ class WarpSpecLoop(HopperLoop):
 
     def check_knobs(self, k: TileKnobs) -> None:
         super().check_knobs(k)
+        if k.warps % 4 or (k.BLOCK_M // 16) % (k.warps // 4 or 1):
+            raise AttributeValueError(
+                f"WS=1 with num_warps={k.warps}, BLOCK_M={k.BLOCK_M}: the consumers are whole warpgroups (4 warps), "
+                "each 16 rows of the tile at least",
+                op=self.m.gp.main.label(),
+                rule="triton.gemm.ws",
+                hint="use num_warps=4 or 8 with BLOCK_M=128",
+            )
         why = ws_refusal(self.m, self.m.device, self.m.interpret, self.m.sizes)  # type: ignore[attr-defined]
         if why is not None:
             raise AttributeValueError(

@@ -160,9 +160,9 @@ class MatmulTemplate(TileTemplate):
 
     def sized_knobs(self, knobs: TileKnobs) -> bool:
         """Whether a config's kernel can take a dynamic plan's sizes at run time (MatmulMatch.kernels):
-        not device-side TMA (the attention templates answer the same question); split-K only where its
-        partials fit (MatmulMatch.one_kernel)."""
-        return not knobs.tma or knobs.tma_host
+        not device-side TMA (the attention templates answer the same question), not the Gluon kernel (WS=1,
+        made per shape); split-K only where its partials fit (MatmulMatch.one_kernel)."""
+        return (not knobs.tma or knobs.tma_host) and not knobs.ws
 
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
         """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
@@ -194,6 +194,7 @@ class BucketSample(NamedTuple):
 
 class MatmulMatch(TileMatch):
     template: MatmulTemplate
+    own_knobs = frozenset({"WS"})
     focus: BucketSample | None = None  # (`focused`: the shape of its bucket the match ranks at)
 
     @cached_property
