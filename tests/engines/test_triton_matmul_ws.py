@@ -127,23 +127,26 @@ def test_products_side_by_side_rank_it_first():
 
 
 def test_one_product_offers_it_second():
-    """One product (bias + GELU, a plain product, the residual read in the epilogue): the Hopper path first, the
-    Gluon kernel second, for tuning to weigh; two consumer warpgroups where the epilogue computes, one for a
-    plain store (the lab's best)."""
-    for g, warps in ((bias_gelu(), 8), (plain(), 4), (residual(), 8), (bias_gelu(k=2048), 8)):
+    """One product (a plain product, the residual read in the epilogue): the Hopper path first, the Gluon kernel
+    second, for tuning to weigh; two consumer warpgroups where the epilogue computes, one for a plain store (the
+    lab's best)."""
+    for g, warps in ((plain(), 4), (residual(), 8)):
         cands = _cands(g)
         assert not cands[0].WS and cands[1].WS == 1 and cands[1].num_warps == warps, cands[:3]
-    assert _cands(bias_gelu())[1].num_stages == 5
+    assert _cands(residual())[1].num_stages == 5
+    # a heavy epilogue of one product (GELU: measured slower than the Hopper path; with more math it spills at
+    # 8 warps): not offered
+    assert not _ws(_cands(bias_gelu())) and not _ws(_cands(bias_gelu(k=2048)))
 
 
 @pytest.mark.parametrize(
     "name,g,device",
     [
-        ("an A100 (no wgmma)", bias_gelu(), A100),
-        ("a B200 (tcgen05, not wgmma)", bias_gelu(), B200),
-        ("the CPU (the interpreter)", bias_gelu(), Device("cpu")),
-        ("fewer tiles than SMs", bias_gelu(m=1024, n=1024), H200),
-        ("fp32 operands", bias_gelu(dt=DT.FLOAT), H200),
+        ("an A100 (no wgmma)", plain(), A100),
+        ("a B200 (tcgen05, not wgmma)", plain(), B200),
+        ("the CPU (the interpreter)", plain(), Device("cpu")),
+        ("fewer tiles than SMs", plain(m=1024, n=1024), H200),
+        ("fp32 operands", plain(dt=DT.FLOAT), H200),
         ("a row reduction in the epilogue", residual(stats=True), H200),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -165,8 +168,8 @@ def test_refusals_say_why():
 
     t = _template()
     for g, device, why in [
-        (bias_gelu(), A100, "sm_90"),
-        (bias_gelu(dt=DT.FLOAT), H200, "fp16 or all bf16"),
+        (plain(), A100, "sm_90"),
+        (plain(dt=DT.FLOAT), H200, "fp16 or all bf16"),
         (residual(stats=True), H200, "reduces"),
     ]:
         m = t.matched(_piece(g), device)
@@ -299,8 +302,17 @@ def test_forcing_it_on_a_piece_it_does_not_run_is_a_typed_error():
 # -- the generated module -----------------------------------------------------------------------------------------
 
 
+def _forced(g, device=H200):
+    """The piece's WS=1 config (ws_config of its first Hopper-path candidate), offered or not (one product's
+    heavy epilogue is not: the tests still compile and run it)."""
+    from opgraph.engines.triton.templates._matmul_ws import ws_config
+
+    host = next(c for c in _cands(g, device) if c.TMA_HOST)
+    return ws_config(_template().matched(_piece(g), device), host, device)
+
+
 def _source(g, device=H200):
-    return generate(_template(), _piece(g), dict(_ws(_cands(g, device))[0].pairs()), device).source
+    return generate(_template(), _piece(g), dict(_forced(g, device).pairs()), device).source
 
 
 def test_the_module_is_gluon_and_partitioned():
@@ -359,14 +371,18 @@ HOPPER_CASES = {
     "plain": (plain, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "swiglu": (swiglu, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "kv": (lambda: swiglu(kv=True), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
-    "bias_gelu": (bias_gelu, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "bias_gelu": (bias_gelu, "matmul", [dict(_forced(bias_gelu()).pairs())]),
     "bias_gelu_fp16_col_a": (
         lambda: bias_gelu(dt=DT.HALF, a_layout="col", b_layout="row"),
         "matmul",
-        lambda cands: [c for c in cands if c.get("WS")],
+        [dict(_forced(bias_gelu(dt=DT.HALF, a_layout="col", b_layout="row")).pairs())],
     ),
     "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
-    "pointer_store": (lambda: bias_gelu(out_layout="col"), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "pointer_store": (
+        lambda: bias_gelu(out_layout="col"),
+        "matmul",
+        [dict(_forced(bias_gelu(out_layout="col")).pairs())],
+    ),
     "max_min": (lambda: max_min(), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
 }
 
@@ -401,7 +417,7 @@ def _gpu_check(g, rng):
     (step,) = built.steps
     cands = [TileKnobs(**c) for c in _template().candidates(step.piece, built.device)]
     ws = _ws(cands)
-    if not ws:  # (a small case: the tiles fill the GPU less than once, so the candidates leave it out)
+    if not ws:  # (a small case: the tiles fill the GPU less than once, so the candidates leave it out; a GELU)
         from opgraph.engines.triton.templates._matmul_ws import ws_config
 
         host = next(c for c in cands if c.TMA_HOST)

@@ -467,6 +467,8 @@ class MatmulMatch(TileMatch):
             return configs
         if ws_refusal(self, self.device, self.interpret, self.sizes) is not None:
             return configs
+        if len(self.gp.mains) == 1 and math_heavy_epilogue(self.gp):
+            return configs  # (one product's heavy epilogue: slower than the Hopper path, and some spill)
         ws = ws_config(self, host, self.device)
         at = 0 if ranks_first(self) else 1
         return list(dict.fromkeys([*configs[:at], ws, *configs[at:]]))
