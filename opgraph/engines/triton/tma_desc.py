@@ -209,7 +209,7 @@ def descriptor_object(arg: Arg, buffer: Any, gluon: bool = False) -> Any:
     return TensorDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block))
 
 
-class _GluonDtypes(dict):  # type: ignore[type-arg]
+class _GluonDtypes(dict[Any, Any]):
     """torch dtype -> Triton's (Gluon's) element type of a descriptor, made at the first lookup."""
 
     def __missing__(self, key: Any) -> Any:
