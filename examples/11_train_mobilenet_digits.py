@@ -8,7 +8,7 @@ The network: stem conv3x3 + batchnorm + relu, then depthwise-separable blocks (d
 relu, pointwise 1x1 + bn + relu), global average pool, and a linear classifier (a 1x1 conv).
 On a GPU the plans use the default engines (generated Triton kernels, PyTorch for the rest); on the
 CPU the reference engine runs every op in NumPy: slowly but correctly. Without a GPU the 20 epochs
-take about 20 s of CPU time (about 1 s an epoch; a busy machine's wall-clock time is longer). Exits
+take about 45 s of CPU time (about 2 s an epoch; a busy machine's wall-clock time is longer). Exits
 non-zero below 97%.
 """
 
