@@ -3,7 +3,7 @@
 Gluon (`triton.experimental.gluon`, Triton >= 3.6) writes a kernel with explicit layouts, shared memory,
 barriers and warp partitions. The shared epilogue (gemm/epilogue.py) and the helpers it calls (expr.HELPERS)
 are written in `tl.` names; in a Gluon module `tl` is a module of Gluon's own functions under those names
-(Gluon has nearly all of them; `sigmoid` and `broadcast_to` are written here), so the same epilogue text runs
+(Gluon has nearly all of them: `WRITTEN` are written here), so the same epilogue text runs
 on the consumer warps' accumulator: its index vectors (`tl.arange`) take Gluon's automatic layout, resolved
 from the accumulator's.
 

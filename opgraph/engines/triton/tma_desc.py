@@ -51,12 +51,18 @@ def signature_type(element: str, block: Sequence[int], gluon: bool = False) -> s
 
 
 def gluon_layout(element: str, block: Sequence[int]) -> str:
-    """Gluon's default shared-memory layout (NVMMASharedLayout: the swizzle wgmma and TMA read) of a
-    descriptor's block of `element`s, as its signature spells it."""
-    from triton.experimental.gluon import language as gl
+    """Gluon's default shared-memory layout of a descriptor's block of `element`s, as its signature spells it."""
     from triton.language import str_to_ty
 
-    return repr(gl.NVMMASharedLayout.get_default_for(list(block), str_to_ty(element, None)))
+    return repr(_default_layout(block, str_to_ty(element, None)))
+
+
+def _default_layout(block: Sequence[int], dtype: Any) -> Any:
+    """Gluon's default NVMMASharedLayout (the swizzle wgmma and TMA read) of a block of Triton `dtype` elements:
+    the layout a Gluon kernel's parameter type names and its descriptor object carries."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
 def rank_of(ty: str) -> int:
@@ -199,10 +205,9 @@ def descriptor_object(arg: Arg, buffer: Any, gluon: bool = False) -> Any:
             hint="bind 16-byte aligned buffers (fresh allocations are), or build with a config without TMA / TMA_HOST",
         )
     if gluon:
-        from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-        layout = gl.NVMMASharedLayout.get_default_for(list(arg.block), _GL_DTYPES[buffer.dtype])
+        layout = _default_layout(arg.block, _GL_DTYPES[buffer.dtype])
         return GluonDescriptor(base, list(arg.shape), list(arg.strides), list(arg.block), layout)
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -37,7 +37,14 @@ from ....core.errors import AttributeValueError
 from ..gemm import Context, MainLoop, Signature, epilogue
 from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
-from ._matmul_hopper import STORED_TYPES, HopperLoop, MatmulMatch, host_tma_ok, store_descriptors
+from ._matmul_hopper import (
+    STORED_TYPES,
+    HopperLoop,
+    MatmulMatch,
+    host_tma_ok,
+    math_heavy_epilogue,
+    store_descriptors,
+)
 
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
@@ -77,12 +84,15 @@ def ws_refusal(m: MatmulMatch, device: Device, interpret: bool, sizes: Any) -> s
     return None
 
 
-def ranks_first(m: MatmulMatch) -> bool:
-    """Whether the WS=1 config goes first: for products side by side (the SwiGLU's gate and up projections, whose
-    Hopper-path configs run unflattened); for one product it goes second, for tuning to weigh (the flattened
-    Hopper path was as fast or faster on the one-product pieces measured: a GELU epilogue, a residual read in the
-    epilogue). The measurements: bench/results/constants.md#warp-specialized-gemm."""
-    return len(m.gp.mains) > 1
+def ws_rank(m: MatmulMatch) -> int | None:
+    """Where the WS=1 config goes among the piece's configs: first (0) for products side by side (the SwiGLU's
+    gate and up projections, whose Hopper-path configs run unflattened); second (1) for one product, for tuning to
+    weigh (the flattened Hopper path was as fast or faster on the one-product pieces measured); not at all (None)
+    for one product with a heavy epilogue (GELU, SiLU, tanh: slower, and with more math its consumers spill). The
+    measurements: bench/results/constants.md#warp-specialized-gemm."""
+    if len(m.gp.mains) > 1:
+        return 0
+    return None if math_heavy_epilogue(m.gp) else 1
 
 
 def acc_layout(block_m: int, block_n: int, warps: int) -> str:
