@@ -214,7 +214,7 @@ def main() -> int:
         if args.ws:  # (where the piece allows it: a row it refuses has no "ws" plan)
             host = next((c for c in cands if c.get("TMA_HOST")), None)
             m = TEMPLATE_BY_NAME["matmul"].matched(plan.steps[0].piece, plan.device)
-            if host is not None and ws_refusal(m, plan.device, m.interpret, m.sizes) is None:
+            if host is not None and ws_refusal(m) is None:
                 knobs = {kk: v for kk, v in host.items() if kk != "template"}
                 ws = ws_config(m, TileKnobs.parse(knobs, "matmul"), plan.device)
                 plans["ws"] = config_plan(plan, dict(ws.pairs()))

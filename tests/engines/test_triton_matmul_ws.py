@@ -173,7 +173,7 @@ def test_refusals_say_why():
         (residual(stats=True), H200, "reduces"),
     ]:
         m = t.matched(_piece(g), device)
-        assert why in (ws_refusal(m, device, m.interpret, m.sizes) or ""), why
+        assert why in (ws_refusal(m) or ""), why
 
 
 def test_a_dynamic_plans_bucket_piece_is_not_offered_it():
@@ -196,7 +196,7 @@ def test_a_dynamic_plans_bucket_piece_is_not_offered_it():
     assert m.bucket is not None and not _ws([TileKnobs(**c) for c in t.candidates(piece, H200)])
     from opgraph.engines.triton.templates._matmul_ws import ws_refusal
 
-    assert "bucket" in (ws_refusal(m, H200, m.interpret, m.sizes) or "")
+    assert "bucket" in (ws_refusal(m) or "")
     assert not t.sized_knobs(TileKnobs(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, TMA=1, TMA_HOST=1, PERSISTENT=132, WS=1))
 
 
@@ -233,11 +233,11 @@ def test_a_refused_gluon_is_said():
 
         real = triton.__version__
         triton.__version__ = "3.3.1"
-        assert "triton>=3.6" in (ws_refusal(m, H200, False, None) or "")
+        assert "triton>=3.6" in (ws_refusal(m) or "")
     finally:
         triton.__version__ = real
         gluon_prelude.gluon_available.cache_clear()
-    assert ws_refusal(m, H200, False, None) is None
+    assert ws_refusal(m) is None
 
 
 def test_descriptor_objects_for_gluon_name_their_layout():

@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.piece import Piece
+from ....core.tensor import TensorDesc
 from ....ops.pointwise import PointwiseMode
 from ..gemm import Context, GemmPiece, MainLoop, Signature, TileLoop, can_subtile, epilogue, tma_strides
 from ..knobs import TileKnobs
@@ -41,6 +42,11 @@ class MatmulMatch(Protocol):
 
     piece: Piece
     gp: GemmPiece
+    device: Device
+    sizes: Any
+
+    @property
+    def interpret(self) -> bool: ...
 
     @property
     def problem(self) -> tuple[int, int, int, int]: ...
@@ -84,6 +90,22 @@ def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
         )
 
 
+def tma_storable(gp: GemmPiece, t: TensorDesc, uid: int, int_acc: bool = False) -> bool:
+    """Whether stored output `uid` (`t`, its view resolved) can go through a TMA store: a 2-D output of the
+    tile's space, rows contiguous, 16-byte aligned rows, a float type, not a view, not an integer product's
+    exact result (`int_acc`)."""
+    size = t.data_type.itemsize
+    return not (
+        t.data_type not in STORED_TYPES
+        or uid in gp.views
+        or list(t.dim) != list(gp.space.dims)
+        or t.stride[-1] != 1
+        or (t.stride[0] * size) % 16
+        or t.stride[0] < t.dim[-1]
+        or (uid == gp.out and int_acc)
+    )
+
+
 def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs, budget: int = SMEM_BUDGET) -> None:
     """TMA stores of the stored outputs that allow them (ctx.tma_stores): a 2-D output of the tile's
     space, rows contiguous, 16-byte aligned rows, a float type; while the operands' stages and the
@@ -100,18 +122,9 @@ def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs
     for uid in gp.stores:
         t = ctx.tensors[uid]
         size = t.data_type.itemsize
-        if (
-            # (a by-reference output's descriptor is made in the kernel from the table's address, its
-            # shape spelled out: a bucket kernel's would be the hint's at every shape)
-            (t.is_by_reference and ctx.sizes is not None)
-            or t.data_type not in STORED_TYPES
-            or uid in gp.views
-            or list(t.dim) != list(sp.dims)
-            or t.stride[1] != 1
-            or (t.stride[0] * size) % 16
-            or t.stride[0] < t.dim[1]
-            or (uid == gp.out and int_acc)
-        ):
+        # (a by-reference output's descriptor is made in the kernel from the table's address, its shape spelled
+        # out: a bucket kernel's would be the hint's at every shape)
+        if (t.is_by_reference and ctx.sizes is not None) or not tma_storable(gp, t, uid, int_acc):
             continue
         smem += k.BLOCK_M * cols * size
         if smem > budget:

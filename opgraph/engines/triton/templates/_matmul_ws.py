@@ -29,8 +29,6 @@ bench/results/constants.md#warp-specialized-gemm.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
@@ -38,15 +36,16 @@ from ..gemm import Context, MainLoop, Signature, epilogue
 from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
 from ._matmul_hopper import (
-    STORED_TYPES,
     HopperLoop,
     MatmulMatch,
     host_tma_ok,
     math_heavy_epilogue,
     store_descriptors,
+    tma_storable,
 )
 
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
+WS_TILE = (128, 128, 64)  # BLOCK_M, BLOCK_N (of each product), BLOCK_K
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
 LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
 MAX_STAGES = 5  # (the Hopper lab's single-product kernel ran best at 5: constants.md#warp-specialized-gemm)
@@ -57,14 +56,14 @@ WS_SMEM = 227 * 1024
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
 
 
-def ws_refusal(m: MatmulMatch, device: Device, interpret: bool, sizes: Any) -> str | None:
-    """Why the piece has no WS=1 config on `device` (None: it has)."""
-    gp = m.gp
-    if interpret or not device.is_cuda or device.capability != WS_CAPABILITY:
+def ws_refusal(m: MatmulMatch) -> str | None:
+    """Why the match's piece has no WS=1 config on its device (None: it has)."""
+    gp, device = m.gp, m.device
+    if m.interpret or not device.is_cuda or device.capability != WS_CAPABILITY:
         return "warp-specialized kernels (Gluon, wgmma) run on sm_90 GPUs, not under the interpreter"
     if not gluon_available():
         return "the installed Triton has no Gluon of 3.6's API (install triton>=3.6)"
-    if sizes is not None or m.bucket is not None:
+    if m.sizes is not None or m.bucket is not None:
         return "a dynamic plan's bucket kernel takes its sizes at run time; the Gluon kernel is made per shape"
     if not host_tma_ok(m, device) or any(d.batch is not None for d in m.descriptors.values()):
         return "A and each B must be read through 2-D host descriptors"
@@ -111,30 +110,18 @@ def acc_layout(block_m: int, block_n: int, warps: int) -> str:
     return f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={w}, instr_shape=[16, {n}, 16])"
 
 
-def _tma_stored(m: MatmulMatch, uid: int) -> bool:
-    """Whether stored output `uid` may go through a TMA store (store_descriptors' own test, but for the shared
-    memory it leaves): it then takes a tile of shared memory beside the stages."""
-    t = m.gp.tensor(uid)
-    size = t.data_type.itemsize
-    return (
-        t.data_type in STORED_TYPES
-        and uid not in m.gp.views
-        and t.stride[-1] == 1
-        and (t.stride[0] * size) % 16 == 0
-        and t.stride[0] >= t.dim[1]
-    )
-
-
 def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), 4 consumer warps for one product
     and no epilogue (the lab's best), else 8 (each warpgroup then holds 64 rows of every product's accumulator:
     at 4 an erf GELU on one 128 x 128 accumulator spilled 132 bytes in ptxas), as many stages as shared memory
     holds next to the TMA-stored outputs' tiles."""
     width = len(m.gp.mains)
-    bm, bn, bk = 128, 128, 64
+    bm, bn, bk = WS_TILE
     elem = m.problem[3]
     stage = (bm + bn * width) * bk * elem
-    stores = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores if _tma_stored(m, u))
+    stores = sum(
+        bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)
+    )
     stages = max(2, min(MAX_STAGES, (WS_SMEM - stores - 256) // stage))
     return c.replace(
         BLOCK_M=bm,
@@ -166,7 +153,7 @@ class WarpSpecLoop(HopperLoop):
                 rule="triton.gemm.ws",
                 hint="use num_warps=4 or 8 with BLOCK_M=128",
             )
-        why = ws_refusal(self.m, self.m.device, self.m.interpret, self.m.sizes)  # type: ignore[attr-defined]
+        why = ws_refusal(self.m)
         if why is not None:
             raise AttributeValueError(
                 f"WS=1 is not offered for this piece: {why}",

@@ -86,7 +86,7 @@ from ._matmul_hopper import (
     occupancy_config,
 )
 from ._matmul_regroup import regroup_rows
-from ._matmul_ws import WarpSpecLoop, ws_config, ws_rank, ws_refusal
+from ._matmul_ws import WS_TILE, WarpSpecLoop, ws_config, ws_rank, ws_refusal
 from .base import Generated
 
 # per operand: (the tile's row index start, its column index start) in the main loop
@@ -460,13 +460,14 @@ class MatmulMatch(TileMatch):
 
     def _warp_specialized(self, configs: list[TileKnobs]) -> list[TileKnobs]:
         """The configs with the warp-specialized Gluon kernel (WS=1, _matmul_ws.py) where the piece allows it
-        and its 128 x 128 tiles fill the GPU once at least, at its rank (`ws_rank`)."""
+        and its tiles (WS_TILE) fill the GPU once at least, at its rank (`ws_rank`)."""
         m, n, _, _ = self.problem
+        bm, bn, _ = WS_TILE
         host = next((c for c in configs if c.tma_host), None)
-        if host is None or -(-m // 128) * -(-n // 128) < self.device.sm_count:
+        if host is None or -(-m // bm) * -(-n // bn) < self.device.sm_count:
             return configs
         at = ws_rank(self)
-        if at is None or ws_refusal(self, self.device, self.interpret, self.sizes) is not None:
+        if at is None or ws_refusal(self) is not None:
             return configs
         ws = ws_config(self, host, self.device)
         return list(dict.fromkeys([*configs[:at], ws, *configs[at:]]))
