@@ -337,3 +337,62 @@ def test_gpu_vit_fc1_data_gradient_folded(rng):
     assert compare(graph.tensors[dpre], got, want[dpre], rtol=5e-2, atol=5e-2) is None
     sums = got.astype(np.float64).sum(axis=(0, 1), keepdims=True)
     np.testing.assert_allclose(torch_to_numpy(dev[db]), sums, rtol=1e-4, atol=1e-3)
+
+
+def heads_projection(b=2, heads=4, s=6, d=8, n=24, *, layout="bshd", stats=True, dt=DT.BFLOAT16):
+    """The output projection of an attention layer: the attention output's heads transposed back to tokens and
+    merged (transpose + reshape, read in place), times W^T, plus the residual, and the next RMSNorm's mean of
+    squares. `layout`: the attention output's memory ("bshd": tokens then heads, as cuDNN's SDPA writes it, where
+    the merged rows nest; "bshd_padded": each batch entry's rows twice as far apart, where the heads merge in
+    place but the rows do not; "bhsd": heads then tokens, where neither does)."""
+    g = og.Graph("heads", io_data_type=dt, intermediate_data_type=DT.FLOAT)
+    dims = [b, heads, s, d]
+    strides = {
+        "bshd": [s * heads * d, d, heads * d, 1],
+        "bshd_padded": [2 * s * heads * d, d, heads * d, 1],
+        "bhsd": list(packed_strides(dims)),
+    }[layout]
+    o = g.tensor(dim=dims, stride=strides, name="o")
+    w = g.tensor(dim=[1, heads * d, n], stride=[heads * d * n, 1, heads * d], name="wt")
+    r = g.tensor(dim=[b, s, n], name="residual")
+    a = g.reshape(g.transpose(o, [0, 2, 1, 3], name="tokens"), [b, s, heads * d], name="merge")
+    h = g.add(g.matmul(a, w, name="proj"), r, name="res").set_output(True).set_data_type(dt)
+    if stats:
+        g.reduction(g.mul(h, h), "AVG", name="ms").set_dim([b, s, 1]).set_output(True)
+    return g
+
+
+def test_the_merged_heads_fold_into_rows():
+    """A is a reshape of the transposed attention output: the reshape merges the rows too (the views before it
+    read as they are), so the product is 2-D and the Hopper path's descriptors take it."""
+    from opgraph.engines.triton.templates.matmul import MatmulTemplate
+
+    piece, f = folded(heads_projection())
+    assert f is not None
+    mm = next(n for n in f.nodes if n.kind == "matmul")
+    merge = next(n for n in f.nodes if n.name == "merge")
+    assert f.tensor(mm.input("A")).dim == (12, 32) and tuple(merge.op.dim) == (12, 32)
+    assert f.tensor(merge.input_uids()[0]).dim == (2, 6, 4, 8)  # (the transposed heads keep their rank)
+    m = MatmulTemplate().match(piece, H200)
+    assert m.gp.space.nbatch == 1 and m.gp.space.m == 12
+
+
+def test_merged_heads_whose_rows_do_not_nest_keep_their_batch_axis():
+    """The folded reshape would not be a view in place (each batch entry's rows apart): the template analyses the
+    piece as it is, a batch axis of 2."""
+    from opgraph.engines.triton.templates.matmul import MatmulTemplate
+
+    piece, f = folded(heads_projection(layout="bshd_padded"))
+    assert f is not None  # (the declared tensors fold; their memory does not)
+    m = MatmulTemplate().match(piece, H200)
+    assert m.gp.space.nbatch == 2 and m.gp.space.m == 6
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("layout", ["bshd", "bshd_padded"])
+@pytest.mark.parametrize("stats", [False, True])
+def test_merged_heads_compute_the_reference(layout, stats, rng):
+    g = heads_projection(layout=layout, stats=stats)
+    assert_engine_matches(g, rng, expect_steps=1, rtol=3e-2, atol=3e-2)
+    plan, step, configs = candidate_configs(g)
+    assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)

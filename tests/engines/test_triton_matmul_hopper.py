@@ -578,7 +578,9 @@ def test_a_row_reduction_epilogue_takes_tiles_that_fit():
     g.reduction(g.mul(h, h), "AVG").set_dim([1, 8192, 1]).set_output(True)
     t = _matmul_template()
     m = t.match(_piece(g), H200)
-    cands = t.candidates(_piece(g), H200)
+    # (the warp-specialized Gluon kernel, first for a product reading a residual, sums its rows by warp shuffles:
+    # test_triton_matmul_ws.py)
+    cands = [c for c in t.candidates(_piece(g), H200) if not c.get("WS")]
     first = cands[0]
     assert (first["BLOCK_M"], first["BLOCK_N"], first.get("EPILOGUE_SUBTILE"), first.get("TMA_HOST")) == (
         128,

@@ -47,6 +47,7 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
             jit_class = GluonJITFunction
     else:
         from triton.runtime.interpreter import InterpretedFunction
+    triton_kernels = set(getattr(module, "_OG_TRITON", ()))  # (a Gluon module's Triton kernels: gluon_prelude.py)
     used = _reachable(path) if jit else None
     sizes = tuple(getattr(module, "_OG_SIZES", ()))  # run-time sizes: never specialised on (== 1, % 16)
     for attr in list(vars(module)):
@@ -58,7 +59,8 @@ def exec_generated(path: str, name: str, jit: bool) -> ModuleType:
         if jit:
             if not isinstance(fn, JITFunction):  # a custom op's function its module already jitted stays as is
                 fixed = [p for p in sizes if p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
-                setattr(module, attr, jit_class(fn, do_not_specialize=fixed) if fixed else jit_class(fn))
+                cls = JITFunction if attr in triton_kernels else jit_class
+                setattr(module, attr, cls(fn, do_not_specialize=fixed) if fixed else cls(fn))
         elif attr.startswith("kernel"):
             setattr(module, attr, InterpretedFunction(fn))
     return module

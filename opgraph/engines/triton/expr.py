@@ -478,6 +478,9 @@ class Emitter:
         self.native: dict[int, tuple[str, str]] = {}
         # fp32 values v{uid} rounded to BFLOAT16 by assign: stored by their bits, not rounded again
         self.exact_bf16: set[int] = set()
+        # tensors a template loads by itself (uid -> the tile's load expression given the tensor: a TMA-loaded
+        # tile's shared-memory buffer, gemm/epilogue.py); the others through `indexer`
+        self.loaders: dict[int, Callable[[TensorDesc], str]] = {}
 
     def operand(self, v: int | Const | None) -> str:
         if v is None:
@@ -491,14 +494,16 @@ class Emitter:
             if desc.is_pass_by_value:  # a float64 argument (see annotate_scalars), in the compute type
                 self.lines.append(f"{name} = {scalar_value(self.scalar(v), home)}")
             elif desc.data_type in _INTS and self.compute == "tl.float64":  # as stored: cast where used
-                self.lines.append(f"{name} = {self.indexer.load(desc, self.ptr(v))}")
+                self.lines.append(f"{name} = {self._load(v, desc)}")
                 home = TL_DTYPE[desc.data_type]
             else:
-                self.lines.append(
-                    f"{name} = {from_storage(self.indexer.load(desc, self.ptr(v)), desc.data_type, home)}"
-                )
+                self.lines.append(f"{name} = {from_storage(self._load(v, desc), desc.data_type, home)}")
             self._named(v, name, home)
         return self.values[v]
+
+    def _load(self, uid: int, desc: TensorDesc) -> str:
+        loader = self.loaders.get(uid)
+        return loader(desc) if loader is not None else self.indexer.load(desc, self.ptr(uid))
 
     def _named(self, uid: int, name: str, typ: str) -> None:
         self.native[uid] = (name, typ)

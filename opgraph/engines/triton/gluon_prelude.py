@@ -11,14 +11,20 @@ Triton 3.6 (the GPU image) and 3.9 differ in two names, bound here to whichever 
 partition barrier (`sync_warps`: `thread_barrier` / `barrier`) and the TMA copies (`tma_load`:
 `async_copy_global_to_shared` / `async_load`; `tma_store`: `async_copy_shared_to_global` / `async_store`), with
 the same arguments in the same order. (Names without the `_og_` prefix: compile_worker wraps those as functions.)
+
+A Gluon module may hold Triton kernels too (`triton_kernel`: a reduction's combine launch after the WS kernel),
+written in `_og_tl.` (Triton's own language) and named in the module's `_OG_TRITON`, which compile_worker
+makes Triton JITFunctions.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import cache
 
 GLUON_MARK = "_OG_GLUON = True"  # (compile_worker.exec_generated: the module's functions are Gluon's)
+TRITON_KERNELS = "_OG_TRITON"  # (compile_worker.exec_generated: these kernels of a Gluon module are Triton's)
 
 GLUON_PRELUDE = (
     """import types as _og_types
@@ -33,7 +39,9 @@ from triton.language.extra import libdevice
 
 """
     + GLUON_MARK
-    + """
+    + "\n"
+    + TRITON_KERNELS
+    + """ = ()
 sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
@@ -72,6 +80,17 @@ tl.PropagateNan = _og_tl.PropagateNan  # (an enum the epilogue's maximum / minim
 # the epilogue's tl names the prelude's `tl` must resolve beyond Gluon's own (tests/engines/test_triton_matmul_ws.py
 # checks every tl name the shared epilogue and HELPERS write)
 WRITTEN = ("sigmoid", "broadcast_to", "PropagateNan")
+
+
+_TL = re.compile(r"\btl\.")
+
+
+def triton_kernel(source: str, name: str) -> str:
+    """Kernel `name`'s source (written in `tl.` names, Triton's) as a Triton kernel of a Gluon module: its `tl.`
+    names Triton's own (`_og_tl.`), its name added to the module's TRITON_KERNELS. (Its text must call no
+    `_og_` helper: those are Gluon functions in a Gluon module.)"""
+    assert "_og_" not in source, f"{name} calls a helper, which a Gluon module makes Gluon's"
+    return _TL.sub("_og_tl.", source) + f"\n{TRITON_KERNELS} = {TRITON_KERNELS} + ({name!r},)\n"
 
 
 @cache

@@ -13,6 +13,7 @@ from ....core.tensor import TensorDesc
 from ....ops.reduction import GenStats, Reduction, ReductionMode
 from ..casts import cast_to
 from ..expr import TL_DTYPE, Emitter, compute_type, from_storage, round_in_compute, to_storage
+from ..gluon_prelude import triton_kernel
 from ..sizes import Sizes, above_one
 from ..templates.base import Launch, pow2_at_least
 from .analysis import GemmPiece, Reduce
@@ -38,6 +39,9 @@ class Context:
     reductions: list[ReductionPlan] = field(default_factory=list)
     sm_count: int = 132  # the device's SMs (sizes the combine launches)
     tma_stores: dict[int, str] = field(default_factory=dict)  # stored uid -> its tensor descriptor (TMA stores)
+    # read uid -> the expression of its whole output-shaped tile, loaded before the epilogue by the kernel itself
+    # (a WS=1 kernel's loader partition copies it into shared memory by TMA)
+    tile_loads: dict[int, str] = field(default_factory=dict)
     sizes: Sizes | None = None  # a bucket kernel's size parameters (sizes.py); None at a shape
     # kernels that run before the main one (their source and launch): a depthwise filter's copy
     before: list[tuple[str, Launch]] = field(default_factory=list)
@@ -287,6 +291,8 @@ def _epilogue_tile(
     em = Emitter(ctx.tensors, ctx.compute, indexer, ptr=ctx.ptr_of(sig), scalar=sig.scalar)
     if preset:
         em.values.update(preset)
+    assert not (halves and ctx.tile_loads), "a tile load is of the whole tile"
+    em.loaders = {uid: _loaded(expr) for uid, expr in ctx.tile_loads.items()}
     accs = dict(zip((n.output_uids()[0] for n in gp.mains), (acc, *siblings), strict=True))
     for uid, name in accs.items():
         em.assign(uid, f"{name}.to({ctx.compute})")
@@ -310,6 +316,11 @@ def _epilogue_tile(
         else:
             lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
     return lines
+
+
+def _loaded(expr: str) -> Callable[[TensorDesc], str]:
+    """A tensor's load as the expression `expr` of its tile (Context.tile_loads)."""
+    return lambda _desc: expr
 
 
 # per partial array: (in-tile transform of v, identity, combine)
@@ -597,9 +608,10 @@ class ReductionPlan:
 
 
 def add_combines(plans: Sequence[ReductionPlan], ctx: Context, functions: list[str], launches: list[Launch]) -> None:
-    """The combine launches (and their kernels) of the reductions whose partials span several slots."""
+    """The combine launches (and their kernels) of the reductions whose partials span several slots (in a
+    Gluon module, Triton kernels: gluon_prelude.triton_kernel)."""
     for i, plan in enumerate(plans):
         if plan.slots > 1:
             source, launch = plan.combine_source(ctx, i)
-            functions.append(source)
+            functions.append(triton_kernel(source, launch.kernel) if ctx.gluon else source)
             launches.append(launch)

@@ -96,8 +96,9 @@ def _fold_axis(piece: Piece) -> int | None:
     if chain is None:
         return None
     b_views, b_side = chain.views, chain.side
+    a_views = _a_chain(piece, a_uid)[0]
     for n in piece.nodes:
-        if n.kind == "matmul" or id(n) in b_views:
+        if n.kind == "matmul" or id(n) in b_views or id(n) in a_views:
             continue
         if _leading_ones(n, piece) is not None:
             continue  # (a bias given the output's rank: _folded checks it broadcasts over the rows)
@@ -174,6 +175,36 @@ def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
     return _BChain(frozenset(views), frozenset(at_rank), frozenset(side), frozenset(unbatched))
 
 
+def _a_chain(piece: Piece, a_uid: int) -> tuple[frozenset[int], Node | None, frozenset[int]]:
+    """A's views read in place from memory, where A is a reshape's result (the attention output's heads
+    transposed back to tokens and merged, read by the output projection): (the chain's nodes by id, the reshape,
+    the tensors before it, which keep their rank); empty where A is made otherwise or a tensor of the chain is
+    read by another op or leaves the piece. The reshape's result merges its rows like any tensor's, so the
+    reshape is rewritten to those dims (the views before it are read as they are)."""
+    producer = {u: n for n in piece.nodes for u in n.output_uids()}
+    reshape = producer.get(a_uid)
+    empty: tuple[frozenset[int], Node | None, frozenset[int]] = (frozenset(), None, frozenset())
+    if reshape is None or not isinstance(reshape.op, Reshape):
+        return empty
+    readers: dict[int, int] = {}
+    for n in piece.nodes:
+        for u in n.input_uids():
+            readers[u] = readers.get(u, 0) + 1
+    views, before = {id(reshape)}, set()
+    u = reshape.input_uids()[0]
+    while True:
+        if readers.get(u, 0) != 1 or u in piece.outputs:
+            return empty
+        before.add(u)
+        node = producer.get(u)
+        if node is None:  # (read from memory)
+            return frozenset(views), reshape, frozenset(before)
+        if not isinstance(node.op, (Transpose, Reshape, Slice)):
+            return empty
+        views.add(id(node))
+        u = node.input_uids()[0]
+
+
 def _leading_ones(node: Node, piece: Piece) -> int | None:
     """How many leading unit axes a reshape adds to its input's dims (it adds only those), or None."""
     if not isinstance(node.op, Reshape):
@@ -236,6 +267,8 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
             replaced[id(n)] = kept
     new: dict[int, TensorDesc] = {}
     unbatched = set(chain.unbatched)
+    _, a_reshape, a_before = _a_chain(piece, mains[0].input("A"))  # type: ignore[arg-type]
+    unbatched |= a_before
     for n in piece.nodes:  # a bias given the output's rank: its unit axes merge like the rows'
         if id(n) not in views and _leading_ones(n, piece) is not None:
             y = graph.tensors[n.output_uids()[0]]
@@ -259,6 +292,10 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
         if merged is None or (u in rows_of and merged.dim[lo] != rows):
             return None
         new[u] = merged
+    if a_reshape is not None:
+        replaced[id(a_reshape)] = dataclasses.replace(
+            a_reshape, op=Reshape(dim=tuple(new[a_reshape.output_uids()[0]].dim))
+        )
     return overlaid(piece, new, replaced)
 
 

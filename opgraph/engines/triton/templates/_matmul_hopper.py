@@ -106,18 +106,21 @@ def tma_storable(gp: GemmPiece, t: TensorDesc, uid: int, int_acc: bool = False) 
     )
 
 
-def store_descriptors(m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs, budget: int = SMEM_BUDGET) -> None:
+def store_descriptors(
+    m: MatmulMatch, ctx: Context, sig: Signature, k: TileKnobs, budget: int = SMEM_BUDGET, held: int = 0
+) -> None:
     """TMA stores of the stored outputs that allow them (ctx.tma_stores): a 2-D output of the tile's
-    space, rows contiguous, 16-byte aligned rows, a float type; while the operands' stages and the
-    staging tiles fit in `budget` bytes of shared memory. The others keep pointer stores."""
+    space, rows contiguous, 16-byte aligned rows, a float type; while the operands' stages, `held` bytes
+    of the kernel's other tiles and the staging tiles fit in `budget` bytes of shared memory. The others
+    keep pointer stores."""
     gp, sp = m.gp, m.gp.space
     if sp.nbatch * sp.groups != 1 or len(sp.dims) != 2:
         return
     assert k.BLOCK_K is not None
     cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
-    smem = k.stages * (k.BLOCK_M + k.BLOCK_N * len(gp.mains)) * k.BLOCK_K * m.problem[3]
-    if gp.reductions:  # Triton's layout conversion for the tile's sums: an fp32 (sub)tile of scratch
-        smem += k.BLOCK_M * cols * 4
+    smem = held + k.stages * (k.BLOCK_M + k.BLOCK_N * len(gp.mains)) * k.BLOCK_K * m.problem[3]
+    if gp.reductions and not ctx.gluon:  # Triton's layout conversion for the tile's sums: an fp32 (sub)tile
+        smem += k.BLOCK_M * cols * 4  # (a Gluon kernel sums its accumulator's rows by warp shuffles)
     int_acc = ctx.dot is not None and ctx.dot.is_int
     for uid in gp.stores:
         t = ctx.tensors[uid]

@@ -9,16 +9,17 @@ of `num_stages` shared-memory stages through mbarriers:
   epilogue;
 - the consumers, the launch's `num_warps` warps: asynchronous wgmma on the stages (one step's products in
   flight while the previous step's stage goes back to the loader), then the shared epilogue (gemm/epilogue.py,
-  the same text as every other config) on the accumulators in their wgmma register layout; TMA-stored outputs
-  go through a shared-memory tile of their own (`_og_gl_tma_store`), whose store overlaps the next tile's
-  products.
+  the same text as every other config) on the accumulators in their wgmma register layout (a residual read
+  from the loader's tile in shared memory); TMA-stored outputs go through a shared-memory tile of their own
+  (`_og_gl_tma_store`), whose store overlaps the next tile's products.
 
 What it runs: a 2-D product (no batch axis; A and every B through a host descriptor, fp16 or bf16, bound by
 value), beside products of the same A (siblings: Llama's gate and up projections, whose SwiGLU is the
-epilogue), with an epilogue of pointwise ops, loads and stores, on a Hopper GPU (wgmma is sm_90a's); not under
-the interpreter (Gluon has none), not a dynamic plan's bucket kernel, not with reductions in the epilogue (their
-combine launches are Triton kernels, which a Gluon module cannot hold), not with fused custom ops (Triton
-functions).
+epilogue), with an epilogue of pointwise ops, loads and stores and row or column reductions (RMSNorm's mean of
+squares: the epilogue stores their partials, their combine launches are Triton kernels of the Gluon module), on
+a Hopper GPU (wgmma is sm_90a's); not under the interpreter (Gluon has none), not a dynamic plan's bucket kernel,
+not with fused custom ops (Triton functions). Operands the epilogue reads as whole tiles of the output (a
+residual) are copied into shared memory by the loader once a tile (`tile_loads`).
 
 Why: the main loop of the Hopper path (TMA_HOST=1) is Triton's software pipeline, one instruction stream issuing
 loads, products and epilogue, and with two products a step its flattened loop pipelined badly (the sibling
@@ -32,7 +33,7 @@ from __future__ import annotations
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
-from ..gemm import Context, MainLoop, Signature, epilogue
+from ..gemm import Context, MainLoop, Signature, epilogue, tma_strides
 from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
 from ._matmul_hopper import (
@@ -47,6 +48,7 @@ from ._matmul_hopper import (
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 WS_TILE = (128, 128, 64)  # BLOCK_M, BLOCK_N (of each product), BLOCK_K
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
+_REDUCED = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)  # the epilogue's reductions' result types
 LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
 MAX_STAGES = 5  # (the Hopper lab's single-product kernel ran best at 5: constants.md#warp-specialized-gemm)
 # the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
@@ -73,8 +75,11 @@ def ws_refusal(m: MatmulMatch) -> str | None:
     types = {gp.tensor(n.input(r)).data_type for n in gp.mains for r in ("A", "B")}  # type: ignore[arg-type]
     if len(types) != 1 or not types <= set(_TYPES):
         return "the operands are not all fp16 or all bf16"
-    if gp.reductions:
-        return "the epilogue reduces (its combine launches are Triton kernels)"
+    for r in gp.reductions:
+        if r.along == "all":
+            return "the epilogue reduces the whole tile (an fp8 amax; the WS kernel reduces rows or columns)"
+        if any(u is not None and gp.tensor(u).data_type not in _REDUCED for u in r.node.outputs):
+            return "a reduction's result is not fp32, fp16 or bf16 (its combine launch would call a helper)"
     tensors = gp.piece.graph.tensors
     if any(tensors[u].is_by_reference for u in (*gp.piece.inputs, *gp.piece.outputs)):
         return "a tensor is bound by reference (read through the plan's address table)"
@@ -85,13 +90,34 @@ def ws_refusal(m: MatmulMatch) -> str | None:
 
 def ws_rank(m: MatmulMatch) -> int | None:
     """Where the WS=1 config goes among the piece's configs: first (0) for products side by side (the SwiGLU's
-    gate and up projections, whose Hopper-path configs run unflattened); second (1) for one product, for tuning to
-    weigh (the flattened Hopper path was as fast or faster on the one-product pieces measured); not at all (None)
-    for one product with a heavy epilogue (GELU, SiLU, tanh: slower, and with more math its consumers spill). The
-    measurements: bench/results/constants.md#warp-specialized-gemm."""
+    gate and up projections, whose Hopper-path configs run unflattened) and for one product whose epilogue reads
+    a tile of the output's shape (a residual, which the loader copies while the products run: the output and down
+    projections, with or without the next RMSNorm's mean of squares, ran 1-16% faster than on the Hopper path);
+    second (1) for another product, for tuning to weigh (the flattened Hopper path was as fast or faster on the
+    plain ones measured); not at all (None) for one product with a heavy epilogue (GELU, SiLU, tanh: slower, and
+    with more math its consumers spill). The measurements: bench/results/constants.md#warp-specialized-gemm."""
     if len(m.gp.mains) > 1:
         return 0
-    return None if math_heavy_epilogue(m.gp) else 1
+    if math_heavy_epilogue(m.gp):
+        return None
+    return 0 if tile_loads(m) else 1
+
+
+def tile_loads(m: MatmulMatch) -> list[int]:
+    """The tensors the epilogue reads as whole tiles of the output's space (a residual) that TMA can copy
+    (`tma_storable`'s conditions): the loader partition copies each into shared memory once a tile, after
+    issuing the tile's operand loads, so the epilogue reads it from there in the accumulator's layout (a
+    pointer load in that layout, one element a thread-instruction, slowed the output projection: 45 µs
+    against the Hopper path's 36, constants.md#warp-specialized-gemm)."""
+    gp = m.gp
+    operands = {n.input(r) for n in gp.mains for r in ("A", "B")}
+    inputs = set(gp.piece.inputs)
+    read = dict.fromkeys(u for n in gp.epilogue for u in n.input_uids())
+    return [
+        u
+        for u in read
+        if u in inputs and u not in operands and not gp.tensor(u).is_pass_by_value and tma_storable(gp, gp.tensor(u), u)
+    ]
 
 
 def acc_layout(block_m: int, block_n: int, warps: int) -> str:
@@ -114,15 +140,14 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), 4 consumer warps for one product
     and no epilogue (the lab's best), else 8 (each warpgroup then holds 64 rows of every product's accumulator:
     at 4 an erf GELU on one 128 x 128 accumulator spilled 132 bytes in ptxas), as many stages as shared memory
-    holds next to the TMA-stored outputs' tiles."""
+    holds next to the tiles of the TMA-stored outputs and of the epilogue's TMA-loaded operands."""
     width = len(m.gp.mains)
     bm, bn, bk = WS_TILE
     elem = m.problem[3]
     stage = (bm + bn * width) * bk * elem
-    stores = sum(
-        bm * bn * m.gp.tensor(u).data_type.itemsize for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)
-    )
-    stages = max(2, min(MAX_STAGES, (WS_SMEM - stores - 256) // stage))
+    tiles = [u for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)] + tile_loads(m)
+    held = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in tiles)
+    stages = max(2, min(MAX_STAGES, (WS_SMEM - held - 256) // stage))
     return c.replace(
         BLOCK_M=bm,
         BLOCK_N=bn,
@@ -166,19 +191,27 @@ class WarpSpecLoop(HopperLoop):
         assert partials is None and k.BLOCK_K is not None
         m, tiling = self.m, ctx.tiling
         ctx.gluon = True
-        store_descriptors(m, ctx, sig, k, budget=WS_SMEM)
+        loaded = {u: f"desc_l{u}" for u in tile_loads(m)}
+        held = sum(k.BLOCK_M * k.BLOCK_N * m.gp.tensor(u).data_type.itemsize for u in loaded)
+        store_descriptors(m, ctx, sig, k, budget=WS_SMEM, held=held)
+        layout = acc_layout(k.BLOCK_M, k.BLOCK_N, k.warps)
+        for u, d in loaded.items():
+            t = m.gp.tensor(u)
+            shape, size = list(t.dim), t.data_type.itemsize
+            sig.desc(d, u, 0, shape, tma_strides(shape, list(t.stride), size), [k.BLOCK_M, k.BLOCK_N])
+            ctx.tile_loads[u] = f"smem_{d}.load({layout})"
         roles = list(m.descriptors)
         work, programs = tiling.text(tiling.per_split), self.programs(tiling, k)
         header = tiling.header(with_split=False, pid="work")
         stages = k.stages
         iters = self.iterations(k)
         accs = ["acc", *(f"acc_s{i}" for i in range(len(roles) - 2))]
-        layout = acc_layout(k.BLOCK_M, k.BLOCK_N, k.warps)
         epi = epilogue(ctx, sig, "acc", 1)
         m.setup(ctx, sig, k)  # (the operands' descriptors: desc_A, desc_B, desc_B_s0, ...)
         bufs = [f"smem_{r}" for r in roles]
-        store_bufs = [f"smem_{d}" for d in ctx.tma_stores.values()]
-        shared = [*sig.names, *bufs, *store_bufs, "ready", "empty"]
+        tile_bufs = [f"smem_{d}" for d in (*ctx.tma_stores.values(), *loaded.values())]
+        tile_bars = ["tready", "tempty"] if loaded else []
+        shared = [*sig.names, *bufs, *tile_bufs, "ready", "empty", *tile_bars]
         blocks = ["BLOCK_M", "BLOCK_N", "BLOCK_K"]
         params = ", ".join([*shared, *(f"{b}: tl.constexpr" for b in blocks)])
 
@@ -204,6 +237,18 @@ class WarpSpecLoop(HopperLoop):
             *(f"            {line}" for line in loads),
             "            ws_p += 1",
         ]
+        if loaded:  # (after the tile's operand copies: the ring's run-ahead does not wait for the last epilogue)
+            tile_bytes = " + ".join(f"{d}.block_type.nbytes" for d in loaded.values())
+            loader += [
+                "        mbarrier.wait(tempty, (ws_t & 1) ^ 1)",
+                f"        mbarrier.expect(tready, {tile_bytes})",
+                *(
+                    f"        tma_load({d}, [pid_m * BLOCK_M, pid_n * BLOCK_N], tready, smem_{d})"
+                    for d in loaded.values()
+                ),
+                "        ws_t += 1",
+            ]
+            loader.insert(2, "    ws_t = 0")
         issued = [
             f"t{j} = warpgroup_mma({operand('A')}, {operand(role)}, {acc}, use_acc=it > 0, is_async=True)"
             for j, (role, acc) in enumerate(zip(roles[1:], accs, strict=True))
@@ -229,9 +274,13 @@ class WarpSpecLoop(HopperLoop):
             f"        {names} = warpgroup_mma_wait(0, ({names},))",
             "        sync_warps()",
             f"        mbarrier.arrive(empty.index((ws_c + {stages - 1}) % {stages}))",
+            *(["        mbarrier.wait(tready, ws_t & 1)"] if loaded else []),
             *(f"        {line}" for line in epi),
+            *(["        sync_warps()", "        mbarrier.arrive(tempty)", "        ws_t += 1"] if loaded else []),
             "    tma.store_wait(0)",
         ]
+        if loaded:
+            consumer.insert(2, "    ws_t = 0")
         ctx.functions += ["\n".join(loader) + "\n", "\n".join(consumer) + "\n"]
         lines = [
             f"smem_{r} = gl.allocate_shared_memory(desc_{r}.dtype, [{stages}] + desc_{r}.block_type.shape, "
@@ -240,7 +289,7 @@ class WarpSpecLoop(HopperLoop):
         ]
         lines += [
             f"smem_{d} = gl.allocate_shared_memory({d}.dtype, {d}.block_type.shape, {d}.layout)"
-            for d in ctx.tma_stores.values()
+            for d in (*ctx.tma_stores.values(), *loaded.values())
         ]
         lines += [
             f"ready = gl.allocate_shared_memory(gl.int64, [{stages}, 1], mbarrier.MBarrierLayout())",
@@ -249,6 +298,13 @@ class WarpSpecLoop(HopperLoop):
             "    mbarrier.init(ready.index(i), count=1)",
             "    mbarrier.init(empty.index(i), count=1)",
         ]
+        if loaded:
+            lines += [
+                "tready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+                "tempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+                "mbarrier.init(tready, count=1)",
+                "mbarrier.init(tempty, count=1)",
+            ]
         args = ", ".join([*shared, *blocks])
         lines.append(
             f"gl.warp_specialize([(kernel_ws_consumer, ({args})), (kernel_ws_loader, ({args}))], "

@@ -167,8 +167,14 @@ class MatmulTemplate(TileTemplate):
     def analyze(self, piece: Piece) -> tuple[GemmPiece | None, Support]:
         """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
         that changes the tiling (_matmul_fold.py), or its epilogue's reshapes of the rows made identities
-        (_matmul_regroup.py)."""
-        return super().analyze(fold_rows(piece) or regroup_rows(piece) or piece)
+        (_matmul_regroup.py); the piece as it is where the folded one is not a GEMM piece (A's views, folded,
+        not read in place)."""
+        folded = fold_rows(piece) or regroup_rows(piece)
+        if folded is not None:
+            gp, verdict = super().analyze(folded)
+            if gp is not None:
+                return gp, verdict
+        return super().analyze(piece)
 
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
