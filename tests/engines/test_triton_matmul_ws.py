@@ -158,6 +158,17 @@ def test_one_product_offers_it_second():
     assert not _ws(_cands(bias_gelu())) and not _ws(_cands(bias_gelu(k=2048)))
 
 
+def test_an_activation_gradient_reading_a_tile_offers_it_second():
+    """ViT's fc1 data gradient (the GELU backward reading the saved pre-activation tile, the bias gradient summing
+    the rows): the Hopper path first, the Gluon kernel second at four stages (the sum over the tile's rows crosses
+    the warps: the compiler's scratch for it beside the two 32 KiB tiles; at five stages Triton 3.6 refused it and
+    the build fell back to the last config)."""
+    from .test_triton_matmul_fold import data_gradient
+
+    cands = _cands(data_gradient((8, 197, 768), 3072))
+    assert not cands[0].WS and cands[1].WS == 1 and cands[1].num_stages == 4, cands[:2]
+
+
 def test_one_product_reading_a_residual_ranks_it_first():
     """The output and down projections (the residual read in the epilogue, with or without the next RMSNorm's mean
     of squares): the Gluon kernel first, two consumer warpgroups, five stages (5 x 32 KiB of operands beside the
@@ -449,6 +460,11 @@ HOPPER_CASES = {
     "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "residual_stats": (lambda: residual(stats=True), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "column_sums": (column_sums, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "data_gradient": (
+        lambda: __import__("tests.engines.test_triton_matmul_fold", fromlist=["x"]).data_gradient((8, 197, 768), 3072),
+        "matmul",
+        lambda cands: [c for c in cands if c.get("WS")],
+    ),
     "pointer_store": (
         lambda: bias_gelu(out_layout="col"),
         "matmul",
@@ -471,6 +487,7 @@ def test_kernels_compile_for_hopper():
     assert {line.split()[1] for line in lines if line.split()[2] == "kernel_combine0"} == {
         "residual_stats",
         "column_sums",
+        "data_gradient",
     }
     for line in lines:
         w = line.split()
@@ -553,9 +570,9 @@ def test_gpu_residual(rng):
 
 
 # sums of the bf16-rounded outputs: where the fp32 product and the reference's float64 one round an element to
-# neighbouring bf16 values (one ulp, 2^-8 of it), the sum moves by that much (measured: 0.25-0.31 of sums ~700-1800,
-# one or two such elements); a wrong tile, slot or combine is off by a whole term or more
-_SUMS_RTOL = 2e-3
+# neighbouring bf16 values (one ulp, 2^-8 of it: 0.25-0.5 measured on outputs ~30-80), the output and the sum move by
+# that much (0.25-0.31 of sums ~700-1800); a wrong tile, slot or combine is off by a whole term or more
+_SUMS_RTOL = 1e-2
 
 
 @pytest.mark.gpu

@@ -33,6 +33,7 @@ from __future__ import annotations
 from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
+from ....ops.pointwise import PointwiseMode
 from ..gemm import Context, MainLoop, Signature, epilogue, tma_strides
 from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
@@ -88,19 +89,28 @@ def ws_refusal(m: MatmulMatch) -> str | None:
     return None
 
 
+# the gradients of MATH_HEAVY activations (a data gradient's epilogue: ViT's fc1 with the GELU backward): as much
+# math as the activations, not measured with this kernel, so tuning weighs it (second) where a residual ranks it first
+_HEAVY_GRADIENTS = frozenset(
+    PointwiseMode[n]
+    for n in ("GELU_BWD", "GELU_APPROX_TANH_BWD", "TANH_BWD", "SIGMOID_BWD", "SWISH_BWD", "SOFTPLUS_BWD", "ELU_BWD")
+)
+
+
 def ws_rank(m: MatmulMatch) -> int | None:
     """Where the WS=1 config goes among the piece's configs: first (0) for products side by side (the SwiGLU's
     gate and up projections, whose Hopper-path configs run unflattened) and for one product whose epilogue reads
     a tile of the output's shape (a residual, which the loader copies while the products run: the output and down
-    projections, with or without the next RMSNorm's mean of squares, ran 1-16% faster than on the Hopper path);
-    second (1) for another product, for tuning to weigh (the flattened Hopper path was as fast or faster on the
+    projections, with or without the next RMSNorm's mean of squares, ran 1-16% faster than on the Hopper path) but
+    no activation's gradient (`_HEAVY_GRADIENTS`); second (1) for another product, for tuning to weigh (the flattened Hopper path was as fast or faster on the
     plain ones measured); not at all (None) for one product with a heavy epilogue (GELU, SiLU, tanh: slower, and
     with more math its consumers spill). The measurements: bench/results/constants.md#warp-specialized-gemm."""
     if len(m.gp.mains) > 1:
         return 0
     if math_heavy_epilogue(m.gp):
         return None
-    return 0 if tile_loads(m) else 1
+    gradients = any(n.kind == "pointwise" and n.op.mode in _HEAVY_GRADIENTS for n in m.gp.epilogue)
+    return 0 if tile_loads(m) and not gradients else 1
 
 
 def tile_loads(m: MatmulMatch) -> list[int]:
@@ -147,6 +157,10 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     stage = (bm + bn * width) * bk * elem
     tiles = [u for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)] + tile_loads(m)
     held = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in tiles)
+    warps = 4 if width == 1 and not m.gp.epilogue else 8
+    # a sum over the tile's rows (a bias gradient) crosses the warps stacked along them: the compiler's scratch
+    # for it, an fp32 row of the tile a warp
+    held += sum(bn * warps * 4 for r in m.gp.reductions if r.along == "rows")
     stages = max(2, min(MAX_STAGES, (WS_SMEM - held - 256) // stage))
     return c.replace(
         BLOCK_M=bm,
@@ -159,7 +173,7 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
         PERSISTENT=device.sm_count,
         FLATTEN=None,
         EPILOGUE_SUBTILE=None,
-        num_warps=4 if width == 1 and not m.gp.epilogue else 8,
+        num_warps=warps,
         num_stages=stages,
     )
 
