@@ -109,7 +109,7 @@ def ws_rank(m: MatmulMatch) -> int | None:
         return 0
     if math_heavy_epilogue(m.gp):
         return None
-    gradients = any(n.kind == "pointwise" and n.op.mode in _HEAVY_GRADIENTS for n in m.gp.epilogue)
+    gradients = any(getattr(n.op, "mode", None) in _HEAVY_GRADIENTS for n in m.gp.epilogue)
     return 0 if tile_loads(m) and not gradients else 1
 
 
