@@ -102,9 +102,10 @@ def ws_rank(m: MatmulMatch) -> int | None:
     gate and up projections, whose Hopper-path configs run unflattened) and for one product whose epilogue reads
     a tile of the output's shape (a residual, which the loader copies while the products run: the output and down
     projections, with or without the next RMSNorm's mean of squares, ran 1-16% faster than on the Hopper path) but
-    no activation's gradient (`_HEAVY_GRADIENTS`); second (1) for another product, for tuning to weigh (the flattened Hopper path was as fast or faster on the
-    plain ones measured); not at all (None) for one product with a heavy epilogue (GELU, SiLU, tanh: slower, and
-    with more math its consumers spill). The measurements: bench/results/constants.md#warp-specialized-gemm."""
+    no activation's gradient (`_HEAVY_GRADIENTS`); second (1) for another product, for tuning to weigh (the
+    flattened Hopper path was as fast or faster on the plain ones measured); not at all (None) for one product with
+    a heavy epilogue (GELU, SiLU, tanh: slower, and with more math its consumers spill). The measurements:
+    bench/results/constants.md#warp-specialized-gemm."""
     if len(m.gp.mains) > 1:
         return 0
     if math_heavy_epilogue(m.gp):
