@@ -396,3 +396,23 @@ def test_merged_heads_compute_the_reference(layout, stats, rng):
     assert_engine_matches(g, rng, expect_steps=1, rtol=3e-2, atol=3e-2)
     plan, step, configs = candidate_configs(g)
     assert_candidates_match(plan, step, configs, rng, rtol=3e-2, atol=3e-2)
+
+
+def test_merged_heads_of_a_dynamic_plan_do_not_fold():
+    """A bucket piece folds as its symbolic piece does; whether the folded reshape is a view in place is not decided
+    over symbolic sizes, so the merged heads fold at static shapes only: the bucket's piece and its symbolic piece
+    agree (both keep the batch axis)."""
+    from opgraph.build.buckets import choose
+    from opgraph.engines.triton.sizes import symbolic_piece
+
+    g = og.Graph("heads_dyn", io_data_type=DT.HALF, intermediate_data_type=DT.FLOAT)
+    b, s, heads, d, n = og.Dim("n", 1, 6), 6, 4, 8, 24
+    o = g.tensor(dim=[b, heads, s, d], stride=[s * heads * d, d, heads * d, 1], name="o")
+    w = g.tensor(dim=[1, heads * d, n], stride=[heads * d * n, 1, heads * d], name="wt")
+    a = g.reshape(g.transpose(o, [0, 2, 1, 3], name="tokens"), None, name="merge").set_dim([b, s, heads * d])
+    g.add(g.matmul(a, w, name="proj"), g.tensor(dim=[b, s, n], name="residual")).set_output(True)
+    final = g.final
+    bucket = choose(final).buckets[-1]
+    inside = final.in_bucket(bucket.hint_map, bucket)
+    piece = make_piece(inside, 0, list(inside.nodes))
+    assert fold_rows(symbolic_piece(piece)) is None and fold_rows(piece) is None

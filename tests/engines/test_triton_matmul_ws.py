@@ -73,7 +73,19 @@ def residual(m=8192, k=1024, n=1024, dt=DT.BFLOAT16, stats=False):
     r = g.tensor(dim=[m, n], name="R")
     y = g.add(g.matmul(a, w), r).set_output(True).set_data_type(dt)
     if stats:
-        g.reduction(g.mul(y, y), "AVG").set_dim([m, 1]).set_output(True)
+        ms = g.reduction(g.mul(y, y), "AVG").set_dim([m, 1]).set_output(True)
+        if stats == "bf16":
+            ms.set_data_type(DT.BFLOAT16)
+    return g
+
+
+def fp32_residuals(count, m=8192, k=1024, n=1024):
+    """The product plus `count` fp32 [M, N] operands (64 KiB a 128 x 128 tile)."""
+    g = _graph("fp32_residuals", DT.BFLOAT16)
+    y = g.matmul(g.tensor(dim=[m, k], name="A"), g.tensor(dim=[k, n], stride=[1, k], name="W"))
+    for i in range(count):
+        y = g.add(y, g.tensor(dim=[m, n], name=f"R{i}").set_data_type(DT.FLOAT))
+    y.set_output(True).set_data_type(DT.BFLOAT16)
     return g
 
 
@@ -188,6 +200,7 @@ def test_one_product_reading_a_residual_ranks_it_first():
         ("fewer tiles than SMs", plain(m=1024, n=1024), H200),
         ("fp32 operands", plain(dt=DT.FLOAT), H200),
         ("a reduction of the whole tile", amax(), H200),
+        ("a bf16 mean of squares (its combine would store through a helper)", residual(stats="bf16"), H200),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -386,6 +399,19 @@ def test_the_residual_tile_is_copied_by_the_loader():
     assert "gl.allocate_shared_memory(desc_l" in src and "mbarrier.init(tready, count=1)" in src
 
 
+def test_tile_loads_take_what_fits_beside_two_stages():
+    """Three fp32 residuals (64 KiB a tile each) do not all fit beside two 32 KiB stages in 227 KiB: the loader
+    copies those that do, the others are read through pointers (the kernel asked 262,396 bytes when all were)."""
+    from opgraph.engines.triton.templates._matmul_ws import tile_loads
+
+    for count, loaded in ((1, 1), (2, 2), (3, 2)):
+        g = fp32_residuals(count)
+        assert len(tile_loads(_template().matched(_piece(g), H200))) == loaded, count
+    src = _source(fp32_residuals(3))
+    consumer = src[src.index("def kernel_ws_consumer") : src.index("\ndef kernel(")]
+    assert consumer.count(".load(gl.NVMMADistributedLayout") == 2 and consumer.count("tl.load(") == 1
+
+
 def test_a_row_reduction_stores_partials_and_combines_in_triton():
     """The mean of squares over the output's rows: each tile's row sums stored as partials (8 tiles a row), summed by
     a combine launch that is a Triton kernel of the Gluon module (`_OG_TRITON`), in Triton's own language."""
@@ -460,6 +486,7 @@ HOPPER_CASES = {
     "residual": (residual, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "residual_stats": (lambda: residual(stats=True), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "column_sums": (column_sums, "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "fp32_residuals": (lambda: fp32_residuals(3), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
     "data_gradient": (
         lambda: __import__("tests.engines.test_triton_matmul_fold", fromlist=["x"]).data_gradient((8, 197, 768), 3072),
         "matmul",

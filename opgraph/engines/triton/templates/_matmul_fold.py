@@ -180,11 +180,15 @@ def _a_chain(piece: Piece, a_uid: int) -> tuple[frozenset[int], Node | None, fro
     transposed back to tokens and merged, read by the output projection): (the chain's nodes by id, the reshape,
     the tensors before it, which keep their rank); empty where A is made otherwise or a tensor of the chain is
     read by another op or leaves the piece. The reshape's result merges its rows like any tensor's, so the
-    reshape is rewritten to those dims (the views before it are read as they are)."""
+    reshape is rewritten to those dims (the views before it are read as they are). Static shapes only: whether
+    the folded reshape is a view in place is not decided over a bucket's symbolic sizes, and a bucket piece folds
+    as its symbolic piece does (fold_rows)."""
     producer = {u: n for n in piece.nodes for u in n.output_uids()}
     reshape = producer.get(a_uid)
     empty: tuple[frozenset[int], Node | None, frozenset[int]] = (frozenset(), None, frozenset())
     if reshape is None or not isinstance(reshape.op, Reshape):
+        return empty
+    if not all(isinstance(d, int) for n in piece.nodes for u in n.output_uids() for d in piece.tensor(u).dim):
         return empty
     readers: dict[int, int] = {}
     for n in piece.nodes:

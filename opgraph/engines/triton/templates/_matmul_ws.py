@@ -34,6 +34,7 @@ from ....core.device import Device
 from ....core.dtypes import DataType
 from ....core.errors import AttributeValueError
 from ....ops.pointwise import PointwiseMode
+from ..casts import to_storage
 from ..gemm import Context, MainLoop, Signature, epilogue, tma_strides
 from ..gluon_prelude import gluon_available
 from ..knobs import TileKnobs
@@ -49,7 +50,6 @@ from ._matmul_hopper import (
 WS_CAPABILITY = (9, 0)  # wgmma (sm_90a); Blackwell's tensor cores are tcgen05's
 WS_TILE = (128, 128, 64)  # BLOCK_M, BLOCK_N (of each product), BLOCK_K
 _TYPES = (DataType.HALF, DataType.BFLOAT16)
-_REDUCED = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)  # the epilogue's reductions' result types
 LOADER_WARPS, LOADER_REGS = 1, 24  # the loader partition: one warp issuing TMA copies, few registers
 MAX_STAGES = 5  # (the Hopper lab's single-product kernel ran best at 5: constants.md#warp-specialized-gemm)
 # the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
@@ -79,8 +79,10 @@ def ws_refusal(m: MatmulMatch) -> str | None:
     for r in gp.reductions:
         if r.along == "all":
             return "the epilogue reduces the whole tile (an fp8 amax; the WS kernel reduces rows or columns)"
-        if any(u is not None and gp.tensor(u).data_type not in _REDUCED for u in r.node.outputs):
-            return "a reduction's result is not fp32, fp16 or bf16 (its combine launch would call a helper)"
+        if any(
+            u is not None and "_og_" in to_storage("r", gp.tensor(u).data_type, "tl.float32") for u in r.node.outputs
+        ):
+            return "a reduction's result is stored through a helper (bf16, integers, fp8), which its combine launch cannot call"
     tensors = gp.piece.graph.tensors
     if any(tensors[u].is_by_reference for u in (*gp.piece.inputs, *gp.piece.outputs)):
         return "a tensor is bound by reference (read through the plan's address table)"
@@ -124,11 +126,33 @@ def tile_loads(m: MatmulMatch) -> list[int]:
     operands = {n.input(r) for n in gp.mains for r in ("A", "B")}
     inputs = set(gp.piece.inputs)
     read = dict.fromkeys(u for n in gp.epilogue for u in n.input_uids())
-    return [
-        u
-        for u in read
-        if u in inputs and u not in operands and not gp.tensor(u).is_pass_by_value and tma_storable(gp, gp.tensor(u), u)
-    ]
+    bm, bn, bk = WS_TILE
+    # (those that fit beside two stages and the sums' scratch: the others are read through pointers)
+    room = WS_SMEM - 256 - 2 * (bm + bn * len(gp.mains)) * bk * m.problem[3] - _row_sums_scratch(m)
+    loads = []
+    for u in read:
+        t = gp.tensor(u)
+        if u not in inputs or u in operands or t.is_pass_by_value or not tma_storable(gp, t, u):
+            continue
+        room -= bm * bn * t.data_type.itemsize
+        if room < 0:
+            break
+        loads.append(u)
+    return loads
+
+
+def _row_sums_scratch(m: MatmulMatch) -> int:
+    """The compiler's scratch for a sum over the tile's rows (a bias gradient): the rows cross the warps stacked
+    along them, an fp32 row of the tile a warp (ViT's fc1 data gradient at five stages, 230,012 bytes in Triton
+    3.9's ptxas, was refused on the GPU by Triton 3.6)."""
+    return sum(WS_TILE[1] * _consumer_warps(m) * 4 for r in m.gp.reductions if r.along == "rows")
+
+
+def _consumer_warps(m: MatmulMatch) -> int:
+    """4 consumer warps for one product and no epilogue (the lab's best), else 8 (each warpgroup then holds 64
+    rows of every product's accumulator: at 4 an erf GELU on one 128 x 128 accumulator spilled 132 bytes in
+    ptxas)."""
+    return 4 if len(m.gp.mains) == 1 and not m.gp.epilogue else 8
 
 
 def acc_layout(block_m: int, block_n: int, warps: int) -> str:
@@ -148,20 +172,15 @@ def acc_layout(block_m: int, block_n: int, warps: int) -> str:
 
 
 def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
-    """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), 4 consumer warps for one product
-    and no epilogue (the lab's best), else 8 (each warpgroup then holds 64 rows of every product's accumulator:
-    at 4 an erf GELU on one 128 x 128 accumulator spilled 132 bytes in ptxas), as many stages as shared memory
-    holds next to the tiles of the TMA-stored outputs and of the epilogue's TMA-loaded operands."""
+    """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), `_consumer_warps`, as many stages as
+    shared memory holds next to the tiles of the TMA-stored outputs and of the epilogue's TMA-loaded operands (and
+    the compiler's scratch for sums over the rows)."""
     width = len(m.gp.mains)
     bm, bn, bk = WS_TILE
     elem = m.problem[3]
     stage = (bm + bn * width) * bk * elem
     tiles = [u for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)] + tile_loads(m)
-    held = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in tiles)
-    warps = 4 if width == 1 and not m.gp.epilogue else 8
-    # a sum over the tile's rows (a bias gradient) crosses the warps stacked along them: the compiler's scratch
-    # for it, an fp32 row of the tile a warp
-    held += sum(bn * warps * 4 for r in m.gp.reductions if r.along == "rows")
+    held = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in tiles) + _row_sums_scratch(m)
     stages = max(2, min(MAX_STAGES, (WS_SMEM - held - 256) // stage))
     return c.replace(
         BLOCK_M=bm,
@@ -174,7 +193,7 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
         PERSISTENT=device.sm_count,
         FLATTEN=None,
         EPILOGUE_SUBTILE=None,
-        num_warps=warps,
+        num_warps=_consumer_warps(m),
         num_stages=stages,
     )
 
