@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import hashlib
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -165,6 +166,13 @@ class Kernel(ABC):
     def source(self) -> str | None:
         """Generated source code, for engines that generate it."""
         return None
+
+    def source_digest(self) -> str | None:
+        """SHA-256 (hex) of what the generated source computes (None where the engine generates none): what a plan
+        file stores and its loading compares. The text's own hash here; an engine whose identical pieces share
+        one text under other names (the Triton engine) hashes it up to those names."""
+        source = self.source()
+        return None if source is None else hashlib.sha256(source.encode()).hexdigest()
 
     def detail(self) -> str | None:
         """What the plan's description says of this kernel beyond its config (None: nothing)."""

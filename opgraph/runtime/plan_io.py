@@ -80,7 +80,7 @@ def plan_to_dict(plan: Any, embed_kernels: bool = True) -> dict[str, Any]:
                 "nodes": [index[id(n)] for n in s.piece.nodes],
                 "config": _config_doc(s.config),
                 "alternatives": [_config_doc(c) for c in s.alternatives],
-                "source_sha256": _source_hash(s.kernel.source()),
+                "source_sha256": s.kernel.source_digest(),
             }
             for s in plan.steps
         ],
@@ -89,10 +89,6 @@ def plan_to_dict(plan: Any, embed_kernels: bool = True) -> dict[str, Any]:
         ],
         "artifacts": [a.to_doc() for a in plan_artifacts(plan)] if embed_kernels else [],
     }
-
-
-def _source_hash(source: str | None) -> str | None:
-    return None if source is None else hashlib.sha256(source.encode()).hexdigest()
 
 
 def plan_to_bytes(plan: Any, embed_kernels: bool = True) -> bytes:
@@ -285,7 +281,7 @@ def _plan_from_doc(
                 hint="build the graph anew on this device",
             ) from None
         stored = sd.get("source_sha256")
-        if not differs and stored is not None and stored != _source_hash(kernel.source()):
+        if not differs and stored is not None and stored != kernel.source_digest():
             if not recompile:
                 raise SerializationError(
                     f"plan.{where}: the kernel opgraph generates for this config differs from the saved one (the "

@@ -101,7 +101,7 @@ def plan_schema(graph: bool = True) -> dict[str, Any]:
                     "alternatives": {"type": "array", "items": {"$ref": "#/$defs/config"}},
                     "source_sha256": {
                         "anyOf": [_SHA256, {"type": "null"}],
-                        "description": "SHA-256 of the generated source (regenerated and compared on load)",
+                        "description": "SHA-256 of the generated source up to its kernels' parameter and local names (regenerated and compared on load)",
                     },
                 },
                 "required": ["nodes", "config"],

@@ -75,17 +75,17 @@ def test_the_canonical_text_renames_every_kernels_names_and_keeps_the_helpers():
 
     one = _module(("p1", "p2", "t3"), "t4")
     other = _module(("p7", "p9", "t10"), "t11")
-    assert compiler._alpha_renamed(one) == compiler._alpha_renamed(other)
-    assert compiler._alpha_renamed(one) != compiler._alpha_renamed(_module(("p1", "p2", "t3"), "p2"))
-    text = compiler._alpha_renamed(one)
+    assert compiler.alpha_renamed(one) == compiler.alpha_renamed(other)
+    assert compiler.alpha_renamed(one) != compiler.alpha_renamed(_module(("p1", "p2", "t3"), "p2"))
+    text = compiler.alpha_renamed(one)
     assert "_og_helper(x)" in text and "y = x + 1" in text and "comment" not in text
     assert "p1" not in text and "t4" not in text  # (both kernels renamed)
     assert text == compiler._kernels_renamed(one)  # the whole module's text, parsed at once
     assert compiler._PRELUDES[one[: one.index("\ndef kernel") + 1]] == ast.unparse(ast.parse(HELPERS))
     decorated = one.replace("\ndef kernel(", "\n@triton.jit\ndef kernel(", 1)
-    assert compiler._alpha_renamed(decorated) == compiler._kernels_renamed(decorated)  # (no cut there)
+    assert compiler.alpha_renamed(decorated) == compiler._kernels_renamed(decorated)  # (no cut there)
     bare = one[one.index("def kernel(") :]
-    assert compiler._alpha_renamed(bare) == compiler._kernels_renamed(bare)
+    assert compiler.alpha_renamed(bare) == compiler._kernels_renamed(bare)
 
 
 def test_a_compiler_that_aborts_fails_its_kernel_not_this_process(tmp_path, monkeypatch):

@@ -246,3 +246,16 @@ def test_a_kernel_generated_differently_now_is_refused_or_recompiled(rng):
     assert ei.value.rule == "plan.source" and "on_mismatch='recompile'" in str(ei.value)
     loaded = og.ExecutionPlan.from_bytes(rewrap(doc), on_mismatch="recompile")
     _same_results(plan, loaded, rng)
+
+
+def test_identical_pieces_sharing_a_kernel_text_round_trip(rng):
+    """A build gives a piece identical to an earlier one that piece's generated text, its parameters named after
+    the other's tensors (here two copies of one reshape, each read by its own op: fuzz seed 20261205000179); the
+    file stores the source's hash up to those names, which loading regenerates under the piece's own."""
+    pytest.importorskip("triton")
+    g = og.Graph.from_json((FIXTURES / "view_copied_twice.json").read_text())
+    plan = g.build(device="cpu", engines=["triton", "torch"])
+    copies = [s for s in plan.steps if s.config.knob("template") == "pointwise" and len(s.piece.nodes) == 1]
+    assert len({s.kernel.source() for s in copies}) < len(copies)  # (a text shared under the first's names)
+    loaded = og.ExecutionPlan.from_bytes(plan.to_bytes())
+    _same_results(plan, loaded, rng)

@@ -7,6 +7,7 @@ same kernels run in Triton's interpreter, which is how the tests check them with
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import threading
 from collections import OrderedDict
@@ -162,6 +163,12 @@ class TritonKernel(Kernel):
 
     def source(self) -> str:
         return self.generated.source
+
+    def source_digest(self) -> str:
+        """The source's hash up to its kernels' parameter and local names: a build gives a piece identical to an
+        earlier one (a model's repeated layer, a view copied twice) that piece's text, its parameters named after
+        the other's tensors (`_generated_like`), which a plan file's loading regenerates under its own."""
+        return hashlib.sha256(compiler.alpha_renamed(self.generated.source).encode()).hexdigest()
 
     # -- ahead-of-time compilation ----------------------------------------------------------------
     def _arg_type(self, arg: Arg, gluon: bool = False) -> str:

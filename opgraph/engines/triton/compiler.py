@@ -86,7 +86,7 @@ _CANON: dict[str, str] = {}
 _PRELUDES: dict[str, str] = {}  # a module's text before its first kernel -> that text unparsed
 
 
-def _alpha_renamed(source: str) -> str:
+def alpha_renamed(source: str) -> str:
     """The module with each kernel's parameters and local variables renamed by order of appearance:
     kernels that differ only in those names (UIDs, in generated code) become the same text. The
     helpers before the first kernel (the same few subsets of HELPERS in most modules) are parsed once a
@@ -148,7 +148,7 @@ def canonical_digest(source: str) -> str:
     except (OSError, ValueError):  # absent, unreadable or corrupt: computed again
         found = ""
     if len(found) != 32 or any(c not in "0123456789abcdef" for c in found):
-        found = hashlib.sha256(_alpha_renamed(source).encode()).hexdigest()[:32]
+        found = hashlib.sha256(alpha_renamed(source).encode()).hexdigest()[:32]
         try:
             write_atomic(path, found.encode())
         except OSError:
