@@ -90,6 +90,11 @@ def host_descriptors(m: MatmulMatch, sig: Signature, k: TileKnobs) -> None:
         )
 
 
+def stage_bytes(m: MatmulMatch, block_m: int, block_n: int, block_k: int) -> int:
+    """Shared memory one main-loop stage takes: A's tile and each product's B tile."""
+    return (block_m + block_n * len(m.gp.mains)) * block_k * m.problem[3]
+
+
 def tma_storable(gp: GemmPiece, t: TensorDesc, uid: int, int_acc: bool = False) -> bool:
     """Whether stored output `uid` (`t`, its view resolved) can go through a TMA store: a 2-D output of the
     tile's space, rows contiguous, 16-byte aligned rows, a float type, not a view, not an integer product's
@@ -118,7 +123,7 @@ def store_descriptors(
         return
     assert k.BLOCK_K is not None
     cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
-    smem = held + k.stages * (k.BLOCK_M + k.BLOCK_N * len(gp.mains)) * k.BLOCK_K * m.problem[3]
+    smem = held + k.stages * stage_bytes(m, k.BLOCK_M, k.BLOCK_N, k.BLOCK_K)
     if gp.reductions and not ctx.gluon:  # Triton's layout conversion for the tile's sums: an fp32 (sub)tile
         smem += k.BLOCK_M * cols * 4  # (a Gluon kernel sums its accumulator's rows by warp shuffles)
     int_acc = ctx.dot is not None and ctx.dot.is_int

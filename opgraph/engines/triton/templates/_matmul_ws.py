@@ -43,6 +43,7 @@ from ._matmul_hopper import (
     MatmulMatch,
     host_tma_ok,
     math_heavy_epilogue,
+    stage_bytes,
     store_descriptors,
     tma_storable,
 )
@@ -55,6 +56,7 @@ MAX_STAGES = 5  # (the Hopper lab's single-product kernel ran best at 5: constan
 # the shared memory a block of an H100 / H200 may take (227 KiB): a Gluon kernel has no buffers but those it
 # allocates (the stages, the stored tiles, the barriers), so no margin is kept for the compiler's own
 WS_SMEM = 227 * 1024
+BARRIER_BYTES = 256  # (the rings' and the tile loads' mbarriers, rounded up)
 # per operand kind: (the tile's row start, its column start), as the other configs' main loops read them
 _STARTS = {"A": ("pid_m * BLOCK_M", "it * BLOCK_K"), "B": ("it * BLOCK_K", "pid_n * BLOCK_N")}
 
@@ -82,7 +84,10 @@ def ws_refusal(m: MatmulMatch) -> str | None:
         if any(
             u is not None and "_og_" in to_storage("r", gp.tensor(u).data_type, "tl.float32") for u in r.node.outputs
         ):
-            return "a reduction's result is stored through a helper (bf16, integers, fp8), which its combine launch cannot call"
+            return (
+                "a reduction's result is stored through a helper (bf16, integers, fp8), which its combine launch "
+                "cannot call"
+            )
     tensors = gp.piece.graph.tensors
     if any(tensors[u].is_by_reference for u in (*gp.piece.inputs, *gp.piece.outputs)):
         return "a tensor is bound by reference (read through the plan's address table)"
@@ -126,19 +131,23 @@ def tile_loads(m: MatmulMatch) -> list[int]:
     operands = {n.input(r) for n in gp.mains for r in ("A", "B")}
     inputs = set(gp.piece.inputs)
     read = dict.fromkeys(u for n in gp.epilogue for u in n.input_uids())
-    bm, bn, bk = WS_TILE
     # (those that fit beside two stages and the sums' scratch: the others are read through pointers)
-    room = WS_SMEM - 256 - 2 * (bm + bn * len(gp.mains)) * bk * m.problem[3] - _row_sums_scratch(m)
+    room = WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
     loads = []
     for u in read:
         t = gp.tensor(u)
         if u not in inputs or u in operands or t.is_pass_by_value or not tma_storable(gp, t, u):
             continue
-        room -= bm * bn * t.data_type.itemsize
+        room -= _tile_bytes(m, u)
         if room < 0:
             break
         loads.append(u)
     return loads
+
+
+def _tile_bytes(m: MatmulMatch, uid: int) -> int:
+    """Shared memory a WS_TILE tile of tensor `uid` takes (a TMA-stored output's, a TMA-loaded operand's)."""
+    return WS_TILE[0] * WS_TILE[1] * m.gp.tensor(uid).data_type.itemsize
 
 
 def _row_sums_scratch(m: MatmulMatch) -> int:
@@ -175,13 +184,10 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     """The WS=1 version of a config: 128 x 128 x 64 tiles (of each product), `_consumer_warps`, as many stages as
     shared memory holds next to the tiles of the TMA-stored outputs and of the epilogue's TMA-loaded operands (and
     the compiler's scratch for sums over the rows)."""
-    width = len(m.gp.mains)
     bm, bn, bk = WS_TILE
-    elem = m.problem[3]
-    stage = (bm + bn * width) * bk * elem
     tiles = [u for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)] + tile_loads(m)
-    held = sum(bm * bn * m.gp.tensor(u).data_type.itemsize for u in tiles) + _row_sums_scratch(m)
-    stages = max(2, min(MAX_STAGES, (WS_SMEM - held - 256) // stage))
+    held = sum(_tile_bytes(m, u) for u in tiles) + _row_sums_scratch(m)
+    stages = max(2, min(MAX_STAGES, (WS_SMEM - held - BARRIER_BYTES) // stage_bytes(m, bm, bn, bk)))
     return c.replace(
         BLOCK_M=bm,
         BLOCK_N=bn,
