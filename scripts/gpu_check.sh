@@ -21,8 +21,11 @@ if [ -n "${SHARD:-}" ]; then
   i=${SHARD%/*}; n=${SHARD#*/}
   mapfile -t files < <(grep -rlE "pytest\.mark\.gpu|pytestmark.*gpu" tests --include="test_*.py" | sort | awk -v i="$i" -v n="$n" 'NR % n == i')
 fi
-timeout "${1:-370}" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 150 --timeout-method=thread -n "${WORKERS:-8}" "${files[@]}" > "$OUT/gpu_tests.log" 2>&1
+timeout "${1:-370}" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 150 --timeout-method=thread --durations=25 \
+  -n "${WORKERS:-8}" "${files[@]}" > "$OUT/gpu_tests.log" 2>&1
 echo "tests rc=$?"
+# the slowest tests (for balancing the shards: 2026-12-02, shard 0 of 2 took 379 s at 16 workers, shard 1 181 s)
+sed -n '/slowest .*durations/,/^=/p' "$OUT/gpu_tests.log" | head -12
 grep -cE " PASSED" "$OUT/gpu_tests.log" | sed 's/^/passed: /'
 grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.log" | head -40
 tail -3 "$OUT/gpu_tests.log"
