@@ -145,9 +145,10 @@ def tile_loads(m: MatmulMatch) -> list[int]:
     return loads
 
 
-def _tile_bytes(m: MatmulMatch, uid: int) -> int:
-    """Shared memory a WS_TILE tile of tensor `uid` takes (a TMA-stored output's, a TMA-loaded operand's)."""
-    return WS_TILE[0] * WS_TILE[1] * m.gp.tensor(uid).data_type.itemsize
+def _tile_bytes(m: MatmulMatch, uid: int, block_m: int = WS_TILE[0], block_n: int = WS_TILE[1]) -> int:
+    """Shared memory a tile of tensor `uid` takes (a TMA-stored output's, a TMA-loaded operand's; WS_TILE's by
+    default)."""
+    return block_m * block_n * m.gp.tensor(uid).data_type.itemsize
 
 
 def _row_sums_scratch(m: MatmulMatch) -> int:
@@ -232,7 +233,7 @@ class WarpSpecLoop(HopperLoop):
         m, tiling = self.m, ctx.tiling
         ctx.gluon = True
         loaded = {u: f"desc_l{u}" for u in tile_loads(m)}
-        held = sum(k.BLOCK_M * k.BLOCK_N * m.gp.tensor(u).data_type.itemsize for u in loaded)
+        held = sum(_tile_bytes(m, u, k.BLOCK_M, k.BLOCK_N) for u in loaded)
         store_descriptors(m, ctx, sig, k, budget=WS_SMEM, held=held)
         layout = acc_layout(k.BLOCK_M, k.BLOCK_N, k.warps)
         for u, d in loaded.items():
