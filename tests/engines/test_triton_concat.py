@@ -1,6 +1,7 @@
 """Concatenations in the generated pointwise kernels (templates/_concat.py) against the reference engine,
 under Triton's interpreter: operands of 2 and 3, along inner and outer axes, slices, transposes and
-broadcasts as operands, nested joins, and the rotary embedding as transformers writes it."""
+broadcasts as operands, nested joins, and the rotary embedding as transformers writes it; the part walk
+(knob PARTS: the joined innermost axis walked a part at a time, each address loaded once)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 
 import opgraph as og
 
-from ..helpers import assert_engine_matches, requires_cuda
+from opgraph.engines.triton.knobs import PointwiseKnobs
+
+from ..helpers import assert_candidates_match, assert_engine_matches, candidate_configs, plan_with, requires_cuda
 
 pytestmark = pytest.mark.interpreter
 DT = og.DataType
@@ -54,6 +57,77 @@ def test_the_rotary_embedding_of_queries_and_keys_is_one_kernel_each(rng):
     _rotary(g, xk, cos, sin, 2, dim, DT.FLOAT).set_output(True)
     plan = assert_engine_matches(g, rng, expect_steps=2)
     assert all("concatenate" in step.piece.kinds for step in plan.steps)
+
+
+def _rope_graph(dt, b=2, s=5, heads=3, dim=16):
+    g = og.Graph("rope", io_data_type=dt)
+    x = g.tensor(dim=[b, s, heads * dim], name="x")
+    cos = g.tensor(dim=[1, 1, s, dim], name="cos")
+    sin = g.tensor(dim=[1, 1, s, dim], name="sin")
+    _rotary(g, x, cos, sin, heads, dim, dt).set_output(True)
+    return g
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+def test_the_rotary_embedding_walks_in_halves(dt, rng):
+    """D = 16: two parts of 8, no selects; x's halves, cos's and sin's loaded once each and read by both parts."""
+    plan = assert_engine_matches(_rope_graph(dt), rng, expect_steps=1)
+    assert plan.steps[0].config.knob("PARTS") == 2
+    source = plan.source(0)
+    assert "tl.where" not in source and "lin = (lin_r // 8) * 16 + lin_r % 8" in source
+    loads = [line.split("=", 1)[1] for line in source.splitlines() if "tl.load(" in line]
+    assert len(loads) == 6 == len(set(loads)), loads  # x, cos and sin: each half once
+    assert "p1 + lin + 8" in source and "tl.store(p12 + lin + 8," in source
+
+
+@pytest.mark.parametrize("dt", [DT.FLOAT, DT.BFLOAT16], ids=lambda d: d.name)
+def test_every_config_of_a_rotary_embedding_matches(dt, rng):
+    """The part walk's configs first, then the flat walk's; an odd element count (the last program's tail)."""
+    plan, step, configs = candidate_configs(_rope_graph(dt, b=1, s=7, heads=5, dim=32))
+    assert [c.knob("PARTS") for c in configs][:2] == [2, 2] and configs[-1].knob("PARTS") is None
+    assert_candidates_match(plan, step, configs, rng)
+
+
+def test_parts_of_unequal_operands_and_a_join_inside_a_join(rng):
+    """cat(a [.., 8], cat(relu(b) [.., 16], c [.., 8]) * 2, d [.., 16]) over 48 columns: bounds 0, 8, 24, 32, 48,
+    every one a multiple of 8, so six parts of 8, each resolved to its one operand."""
+    g = og.Graph("parts", io_data_type=DT.HALF)
+    a, b, c, d = (g.tensor(dim=[6, w], name=n) for n, w in (("a", 8), ("b", 16), ("c", 8), ("d", 16)))
+    inner = g.mul(g.concatenate([g.relu(b).set_data_type(DT.HALF), c], axis=1), 2.0).set_data_type(DT.HALF)
+    joined = g.concatenate([a, inner, d], axis=1)
+    g.add(joined, g.tensor(dim=[1, 48], name="bias")).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("PARTS") == 6 and "tl.where(c1 <" not in plan.source(0)
+
+
+@pytest.mark.parametrize(
+    "build,why",
+    [
+        (lambda: _rope_graph(DT.FLOAT, dim=6), "a part of 3"),  # (narrower than a vector: the selects stay)
+        (lambda: _outer_join(), "along the outer axis"),
+    ],
+)
+def test_pieces_without_parts_keep_the_selects(build, why, rng):
+    plan = assert_engine_matches(build(), rng, expect_steps=1)
+    assert plan.steps[0].config.knob("PARTS") is None and "tl.where" in plan.source(0), why
+    with pytest.raises(og.AttributeValueError, match="PARTS=2 does not fit this piece") as err:
+        plan_with(build(), {"BLOCK": 64, "PARTS": 2})
+    assert err.value.rule == "triton.pointwise.knob"
+
+
+def _outer_join():
+    g = og.Graph("outer", io_data_type=DT.FLOAT)
+    joined = g.concatenate([g.tensor(dim=[2, 16], name="a"), g.tensor(dim=[2, 16], name="b")], axis=0)
+    g.mul(joined, 3.0).set_output(True)
+    return g
+
+
+def test_parts_need_the_flat_walks_block():
+    with pytest.raises(og.AttributeValueError, match="PARTS is the flat walk's") as err:
+        PointwiseKnobs(ROWS=4, COLS=128, PARTS=2)
+    assert err.value.rule == "triton.pointwise.knob"
+    with pytest.raises(og.AttributeValueError, match="PARTS=1 must be >= 2"):
+        PointwiseKnobs(BLOCK=128, PARTS=1)
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)

@@ -336,9 +336,12 @@ class FlatKnobs(Knobs):
 @dataclass(frozen=True)
 class PointwiseKnobs(Knobs):
     """The pointwise template's walks: flat (BLOCK elements a program), tiled over a transposed tensor's two
-    contiguous axes (TILE_I x TILE_J) or over rows (ROWS x COLS of the first output's two innermost axes)."""
+    contiguous axes (TILE_I x TILE_J) or over rows (ROWS x COLS of the first output's two innermost axes); the
+    flat walk with PARTS: a concatenation's axis walked in PARTS parts of equal width, each computed without
+    selects (pointwise.py's part walk)."""
 
-    BLOCK: int | None = None  # the flat walk: elements a program
+    BLOCK: int | None = None  # the flat walk: elements a program (with PARTS: of each part)
+    PARTS: int | None = None  # the part walk: parts of the concatenated axis (the piece's own count)
     TILE_I: int | None = None  # the transposed walk: tile extent along the transposed tensor's contiguous axis
     TILE_J: int | None = None  # ... along the first output's
     ROWS: int | None = None  # the row walk: rows a tile
@@ -348,7 +351,14 @@ class PointwiseKnobs(Knobs):
     def __post_init__(self) -> None:
         for key in ("BLOCK", "TILE_I", "TILE_J", "ROWS", "COLS"):
             _power_of_two(key, getattr(self, key), 1, "triton.pointwise.knob", f"pick {key} a power of two")
+        _at_least("PARTS", self.PARTS, 2, "triton.pointwise.knob", "use PARTS >= 2 with BLOCK, or drop it")
         _warps(self.num_warps, "triton.pointwise.knob")
+        if self.PARTS is not None and self.BLOCK is None:
+            raise AttributeValueError(
+                "PARTS is the flat walk's (BLOCK elements of each part a program)",
+                rule="triton.pointwise.knob",
+                hint="give BLOCK with PARTS, or take configs from engine_configs()",
+            )
         walks = [
             w
             for w, given in (

@@ -15,10 +15,18 @@ size arguments, spelled by the indexer's `text`.
 A slice_backward (the gradient of a slice: dy written into zeros, ViT's class-token pooling x[:, 0]) is
 framed the same way: dy computed in a frame shifted to the slice's start along each sliced axis, masked
 to the slice (steps of 1), and zero outside it.
+
+The part walk (pointwise.py, knob PARTS): where every concatenation joins along the space's innermost axis and
+their operands' bounds, in the space's coordinates, are multiples of a width W (`part_width`), the kernel walks
+that axis W elements a part, each part emitted on its own with the coordinate's range known (the indexer's
+`span`): a concatenation then takes the one operand the part lies in, no select, its loads unmasked by the
+operand's guard. The rotary embedding's cat(-x[..., 32:], x[..., :32]) over D = 64 walks in two parts: each
+element of x is read where its own part and its partner's use it, not under two half-masked loads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -102,6 +110,42 @@ def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[i
     return walk(piece.outputs, space)
 
 
+def part_width(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[Any, ...], axis: int) -> int | None:
+    """The widest W dividing the space's `axis` into parts that each lie in one operand of every concatenation
+    (in every frame: a concatenation inside another's operand counts at its frame's offset), where every
+    concatenation joins along `axis` and the piece has no slice_backward; None where W would be the axis
+    itself (no concatenation splits it), a size is not static, or a concatenation joins another axis."""
+    size = space[axis]
+    if not isinstance(size, int):
+        return None
+    made = producers(piece)
+    bounds: set[int] = {size}
+
+    def walk(roots: Iterable[int], shift: int) -> bool:
+        for node in demanded(piece, roots, made):
+            if node.kind == SLICE_BACKWARD:
+                return False
+            if node.kind != CONCAT or len(node.input_uids()) == 1:
+                continue
+            if _axis(node, len(tensors[node.output_uids()[0]].dim)) != axis:
+                return False
+            at = 0
+            for u in node.input_uids():
+                d = tensors[u].dim[axis]
+                if not isinstance(d, int):
+                    return False
+                bounds.add(shift + at)
+                if not walk([u], shift + at):
+                    return False
+                at += d
+        return True
+
+    if not walk(piece.outputs, 0):
+        return None
+    width = math.gcd(*bounds)
+    return width if width < size else None
+
+
 class ShiftedIndexer:
     """An indexer's frame moved by `shift` along `axis` (a concatenation's operand), loads masked by
     `guard` (where the operand applies) besides the base's own mask."""
@@ -120,10 +164,15 @@ class ShiftedIndexer:
         return f"{base} & {self.guard}" if self.guard else base
 
     def load(self, desc: TensorDesc, ptr: str) -> str:
+        if _shares_loads(self):  # (a part of the part walk: its loads are shared, at the address less the shift)
+            return self.load_shifted(desc, ptr, 0)
         offset = "0" if desc.numel == 1 else self.offset(desc)
         if offset == "0":  # one element, or broadcast along every axis: in range everywhere
             return f"tl.load({ptr})"
         return f"tl.load({ptr} + {offset}, mask={self.mask()}, other=0)"
+
+    def load_shifted(self, desc: TensorDesc, ptr: str, shift: int) -> str:
+        return str(self.base.load_shifted(desc, ptr, shift + self.shift))
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
         raise NotImplementedError("a concatenation's operand is computed, never stored")
@@ -132,6 +181,27 @@ class ShiftedIndexer:
         coord = self.base.coord(axis, desc)
         shifted = axis == self.axis and above_one(desc.dim[axis]) and self.shift != 0
         return f"({coord} - {self.text(self.shift)})" if shifted else coord
+
+    def span(self, axis: int) -> tuple[int, int] | None:
+        """The coordinate's range along `axis` in this frame, where the part walk knows it."""
+        span = span_of(self.base, axis)
+        if span is None or axis != self.axis:
+            return span
+        return span[0] - self.shift, span[1] - self.shift
+
+
+def _shares_loads(indexer: Any) -> bool:
+    """Whether `indexer` is a part of the part walk (pointwise.PartIndexer) in frames without guards."""
+    if isinstance(indexer, ShiftedIndexer):
+        return not indexer.guard and _shares_loads(indexer.base)
+    return hasattr(indexer, "load_shifted")
+
+
+def span_of(indexer: Any, axis: int) -> tuple[int, int] | None:
+    """[lo, hi): the range of `indexer`'s coordinate along `axis` known when the code is generated (a part of
+    the part walk), or None."""
+    span = getattr(indexer, "span", None)
+    return span(axis) if span is not None else None
 
 
 def emit_frame(piece: Piece, emitter: Emitter, roots: Iterable[int], made: Mapping[int, Node] | None = None) -> None:
@@ -199,6 +269,20 @@ def _emit_concat(piece: Piece, emitter: Emitter, node: Node, made: Mapping[int, 
         return
     desc = emitter.tensors[out]
     axis = _axis(node, len(desc.dim))
+    span = span_of(emitter.indexer, axis)
+    if span is not None:  # (a part of the part walk: the one operand the part lies in, part_width)
+        start = 0
+        for k, u in enumerate(ins):
+            d = emitter.tensors[u].dim[axis]
+            if start <= span[0] and span[1] <= start + d:
+                sub = _subframe(emitter, ShiftedIndexer(emitter.indexer, axis, start, ""), f"{out}_{k}")
+                emit_frame(piece, sub, [u], made)
+                value = sub.operand(u)  # (a tensor in memory: its load is emitted here)
+                emitter.lines.extend(sub.lines)
+                emitter.assign(out, value)
+                return
+            start += d
+        raise AssertionError(f"part {span} of {node.label()} lies across its operands (part_width)")
     c = emitter.indexer.coord(axis, desc)
     text = getattr(emitter.indexer, "text", str)  # (a dynamic end: its run-time argument, sizes.py)
     values: list[str] = []

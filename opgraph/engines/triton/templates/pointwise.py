@@ -18,7 +18,11 @@ cross-entropy backward over [8192, 50304] logits (exp(x - m) / s - onehot) * w t
 an element in the flat walk on sm_90 (4 loads of per-row values and a division per element), ~27 in
 the row walk: the flat walk was bound by instruction issue, not by memory. A concatenation is a select
 over the coordinate along its axis, each operand computed in a frame of its own (_concat.py; the flat
-walk only); a slice_backward likewise, its gradient in the slice's frame and zero outside it.
+walk only); a slice_backward likewise, its gradient in the slice's frame and zero outside it. Where
+every concatenation joins along the first output's innermost axis at bounds that are multiples of a
+width W (the rotary embedding's halves), the part walk (knob PARTS) takes the flat walk over the space
+with that axis cut to W and emits the body once a part, each part's concatenations resolved when the
+code is generated (_concat.part_width).
 """
 
 from __future__ import annotations
@@ -34,15 +38,15 @@ from ....core.errors import AttributeValueError
 from ....core.ir import ShapeOrigin
 from ....core.piece import Piece
 from ....core.symbolic import Expr, evaluate
-from ....core.tensor import TensorDesc, packed_strides, stride_order
+from ....core.tensor import TensorDesc, stride_order
 from ..casts import from_storage, to_storage
 from ..expr import Emitter, compute_type, elementwise, fused_custom, node_compute_type, piece_types
 from ..gemm import VIEW_KINDS, memory_views
 from ..knobs import PointwiseKnobs
-from ..sizes import Sizes, above_one, divides, is_dynamic_desc, symbolic_piece
-from ._concat import CONCAT, FRAMED, SLICE_BACKWARD, check_frames, emit_frame, emit_node
-from ._flat_axes import packed_runs
+from ..sizes import Sizes, above_one, is_dynamic_desc, symbolic_piece
+from ._concat import CONCAT, FRAMED, SLICE_BACKWARD, check_frames, emit_frame, emit_node, part_width
 from ._gather import EMBEDDING, check_gathers
+from ._pointwise_walks import PART_MIN, FlatIndexer, PartIndexer, TileIndexer
 from ._view_copy import chains_of, source_offset, view_chains
 from .base import (
     INT32_LIMIT,
@@ -60,171 +64,9 @@ from .base import (
 )
 
 
-def _coordinate_offset(desc: TensorDesc, needed: set[int], text: Callable[[Any], str] = str) -> str:
-    """Element offset of `desc` from the coordinates c<axis> of its non-broadcast axes (noted in
-    `needed`, for the lines that compute them); `text` spells a stride (sizes.Sizes.text for a
-    dynamic one)."""
-    terms = []
-    for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
-        if above_one(d) and s != 0:
-            needed.add(axis)
-            terms.append(f"c{axis}" if s == 1 else f"c{axis} * {text(s)}")
-    return " + ".join(terms) or "0"
-
-
 def _with_views(piece: Piece, views: dict[int, Any]) -> dict[int, TensorDesc]:
     """The piece's tensors, its slices/transposes as the views of memory they read."""
     return {**piece.graph.tensors, **{u: v.desc for u, v in views.items()}}
-
-
-class FlatIndexer:
-    """Loads and stores at flat index `lin` of an iteration space, in a given axis order."""
-
-    def __init__(self, dims: tuple[int, ...], order: tuple[int, ...], text: Callable[[Any], str] = str) -> None:
-        self.dims = dims
-        self.order = order
-        self.packed = packed_strides(dims, order)
-        self.needed: set[int] = set()
-        self.merged: dict[str, tuple[int, ...]] = {}  # name -> a run of axes addressed as one (packed_runs)
-        self.walked = [a for a in order if above_one(dims[a])]  # (axes of one element do not break a run)
-        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
-
-    def offset(self, desc: TensorDesc) -> str:
-        if desc.dim == self.dims and all(d == 1 or s == p for d, s, p in zip(desc.dim, desc.stride, self.packed)):
-            return "lin"
-        terms = []
-        for run in packed_runs(self.walked, self.dims, desc):
-            inner = run[-1]
-            name = f"c{inner}" if len(run) == 1 else f"r{run[0]}_{inner}"
-            if len(run) == 1:
-                self.needed.add(inner)
-            else:
-                self.merged[name] = run
-            s = desc.stride[inner]
-            terms.append(name if s == 1 else f"{name} * {self.text(s)}")
-        return " + ".join(terms) or "0"
-
-    def load(self, desc: TensorDesc, ptr: str) -> str:
-        offset = "0" if desc.numel == 1 else self.offset(desc)
-        if offset == "0":  # one element, or every axis broadcast in memory (stride 0): a scalar load
-            return f"tl.load({ptr})"
-        return f"tl.load({ptr} + {offset}, mask=mask, other=0)"
-
-    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
-        return f"tl.store({ptr} + {self.offset(desc)}, {value}, mask=mask)"
-
-    def mask(self) -> str:
-        return "mask"
-
-    def coord(self, axis: int, desc: TensorDesc) -> str:
-        if desc.dim[axis] == 1:
-            return "tl.zeros_like(lin)"
-        self.needed.add(axis)
-        return f"c{axis}"
-
-    def coordinate_lines(self) -> list[str]:
-        lines = []
-        for axis in sorted(self.needed):
-            inner = self.packed[axis]
-            outermost = axis == self.order[0]
-            expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
-            if not outermost:
-                expr = f"{expr} % {self.text(self.dims[axis])}"
-            lines.append(f"c{axis} = {expr}")
-        for name, run in self.merged.items():
-            inner = self.packed[run[-1]]
-            expr = "lin" if inner == 1 else f"(lin // {self.text(inner)})"
-            if run[0] != self.walked[0]:
-                expr = f"{expr} % {self.text(math.prod(self.dims[a] for a in run))}"
-            lines.append(f"{name} = {expr}")
-        return lines
-
-
-class TileIndexer:
-    """Loads and stores over [TILE_I, TILE_J] tiles of two axes i and j, j the first output's innermost;
-    one program per tile and coordinate of the other axes (scalars of the program). Two uses:
-    - transposed (knobs TILE_I / TILE_J): i the innermost of a transposed tensor (a cast of a weight's
-      transpose), so that both tensors are read or written along their contiguous axis (Triton converts
-      the tile's layout between the two through shared memory);
-    - rows (knobs ROWS / COLS): i the first output's next axis, where the flat walk would compute
-      coordinates per element (divisions by a dimension) and load per-row values per element (the
-      softmax statistics and targets of a cross-entropy backward over [tokens, vocab] logits): here a
-      column is an arange, a row value is loaded once per row and a value of the outer axes once per
-      program.
-    Each load is masked along the tile axes its offset depends on, and only where the tiles do not
-    divide that axis."""
-
-    def __init__(
-        self,
-        dims: tuple[Any, ...],
-        i: int,
-        j: int,
-        order: tuple[int, ...],
-        big: bool,
-        ti: int,
-        tj: int,
-        text: Callable[[Any], str] = str,
-    ) -> None:
-        self.dims, self.i, self.j, self.big, self.ti, self.tj = dims, i, j, big, ti, tj
-        self.outer = tuple(a for a in order if a not in (i, j) and above_one(dims[a]))
-        self.ragged = {i: not divides(ti, dims[i]), j: not divides(tj, dims[j])}
-        self.needed: set[int] = set()
-        self.text = text  # spells a size (sizes.Sizes.text where sizes are run-time arguments)
-
-    def offset(self, desc: TensorDesc) -> str:
-        return _coordinate_offset(desc, self.needed, self.text)
-
-    def _mask(self, desc: TensorDesc) -> str | None:
-        """The mask of an access to `desc`: over the tile axes it varies along, where ragged."""
-        axes = [a for a in (self.i, self.j) if above_one(desc.dim[a]) and desc.stride[a] != 0 and self.ragged[a]]
-        return " & ".join(f"mask_{'i' if a == self.i else 'j'}" for a in axes) or None
-
-    def load(self, desc: TensorDesc, ptr: str) -> str:
-        offset = "0" if desc.numel == 1 else self.offset(desc)
-        if offset == "0":
-            return f"tl.load({ptr})"
-        mask = self._mask(desc)  # none: per program (the other axes are in range), or the tiles divide
-        return f"tl.load({ptr} + {offset})" if mask is None else f"tl.load({ptr} + {offset}, mask={mask}, other=0)"
-
-    def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
-        mask = self._mask(desc)
-        tail = "" if mask is None else f", mask={mask}"
-        return f"tl.store({ptr} + {self.offset(desc)}, {value}{tail})"
-
-    def coord(self, axis: int, desc: TensorDesc) -> str:
-        if desc.dim[axis] == 1:
-            return "0"
-        self.needed.add(axis)
-        return f"c{axis}"
-
-    def grid(self) -> Any:
-        """The programs: an int, or an expression of the dynamic dims where the sizes are run-time."""
-        return (
-            (self.dims[self.i] + self.ti - 1)
-            // self.ti
-            * ((self.dims[self.j] + self.tj - 1) // self.tj)
-            * math.prod(self.dims[a] for a in self.outer)
-        )
-
-    def coordinate_lines(self) -> list[str]:
-        i, j, dims, ti, tj, text = self.i, self.j, self.dims, self.ti, self.tj, self.text
-        nj = (dims[j] + tj - 1) // tj
-        ni = (dims[i] + ti - 1) // ti
-        lines = [
-            f"pid = {program_id(0, self.big)}",
-            f"pid_j = pid % {text(nj)}",
-            f"pid_i = (pid // {text(nj)}) % {text(ni)}",
-            f"pid_o = pid // {text(nj * ni)}",
-            f"c{i} = pid_i * {ti} + tl.arange(0, {ti})[:, None]",
-            f"c{j} = pid_j * {tj} + tl.arange(0, {tj})[None, :]",
-        ]
-        lines += [f"mask_{n} = c{a} < {text(dims[a])}" for n, a in (("i", i), ("j", j)) if self.ragged[a]]
-        inner: Any = 1
-        for axis in reversed(self.outer):
-            expr = "pid_o" if inner == 1 else f"(pid_o // {text(inner)})"
-            lines.append(f"c{axis} = {expr} % {text(dims[axis])}")
-            inner = inner * dims[axis]
-        return lines
 
 
 FLAT_ONLY = FRAMED | {EMBEDDING}  # ops emitted for the flat walk only (their masks are its)
@@ -325,7 +167,7 @@ def copies_out(piece: Piece, views: dict[int, Any]) -> bool:
 
 def _emit(
     piece: Piece,
-    indexer: FlatIndexer | TileIndexer,
+    indexer: FlatIndexer | PartIndexer | TileIndexer,
     views: dict[int, Any],
     tensors: Mapping[int, TensorDesc] | None = None,
     text: Callable[[Any], str] = str,
@@ -500,6 +342,23 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return None if self.chains or self.symbolic is not None else transposed_axes(self.piece, self.views)
 
     @cached_property
+    def parts(self) -> tuple[int, int] | None:
+        """(axis, W) of the part walk (_concat.part_width): the first output's innermost axis, contiguous, cut
+        into parts of W >= PART_MIN elements that every concatenation of a piece at its shape keeps whole;
+        None where the piece has no such walk."""
+        piece = self.piece
+        kinds = piece.kind_set
+        if self.chains or self.symbolic is not None or CONCAT not in kinds or kinds & {EMBEDDING, SLICE_BACKWARD}:
+            return None
+        first = piece.tensor(piece.outputs[0])
+        order = [a for a in stride_order(first.stride) if above_one(first.dim[a])]
+        if not order or first.stride[order[-1]] != 1:
+            return None
+        axis = order[-1]
+        width = part_width(piece, _with_views(piece, self.views), first.dim, axis)
+        return (axis, width) if width is not None and width >= PART_MIN else None
+
+    @cached_property
     def rows(self) -> tuple[int, int] | None:
         """The row walk's axes (row_axes) at the piece's shape; for a bucket's piece, where its symbolic
         first output walks the same two innermost axes, the innermost of static size (the sized row walk:
@@ -538,6 +397,18 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             b = min(1024, pow2_at_least(numel, 16))
             ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
         flat = unique([PointwiseKnobs(BLOCK=block, num_warps=warps) for block, warps in ranked])
+        if self.parts is not None:  # (first: every element once, no selects; the flat walk's elements a program)
+            axis, width = self.parts
+            count = dims[axis] // width
+            return [
+                *unique(
+                    [
+                        PointwiseKnobs(BLOCK=max(16, 1 << (block // count).bit_length() - 1), PARTS=count, num_warps=w)
+                        for block, w in ranked
+                    ]
+                ),
+                *flat,
+            ]
         axes = self.rows
         if axes is None:
             return flat
@@ -552,7 +423,12 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return [*tiles, *flat] if waste <= ROW_FIRST_TAIL else [*flat, *tiles] if waste <= 0.25 else flat
 
     def accepts(self, knobs: PointwiseKnobs) -> bool:
-        """The flat walk runs every piece; the tiled walks, those with their axes."""
+        """The flat walk runs every piece; the tiled and part walks, those with their axes."""
+        if knobs.PARTS is not None:
+            return (
+                self.parts is not None
+                and knobs.PARTS == self.piece.tensor(self.piece.outputs[0]).dim[self.parts[0]] // self.parts[1]
+            )
         if knobs.TILE_I is not None:
             return self.transposed is not None
         if knobs.ROWS is not None:
@@ -560,6 +436,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return knobs.BLOCK is not None
 
     def generate(self, knobs: PointwiseKnobs) -> Generated:
+        if knobs.PARTS is not None:
+            return self._generate_parts(knobs)
         if self.symbolic is not None and (knobs.BLOCK is not None or (knobs.ROWS is not None and self.rows)):
             piece, views, origin = self.symbolic
             return self._generate_sized(knobs, piece, views, Sizes(origin))
@@ -603,6 +481,48 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         block = knobs.BLOCK
         assert block is not None
         launch = Launch("kernel", (-(-numel // block),), tuple(args), (("BLOCK", block), ("num_warps", knobs.warps)))
+        return Generated(source, (launch,))
+
+    def _generate_parts(self, knobs: PointwiseKnobs) -> Generated:
+        """The part walk: the flat walk over the space with the concatenated axis cut to W (`parts`), `lin` the
+        first part's flat index; the body once a part (PartIndexer: its addresses the first part's plus a
+        constant, its coordinate range known to its concatenations), the parts' loads first, each address
+        once."""
+        if not self.accepts(knobs):
+            raise AttributeValueError(
+                f"PARTS={knobs.PARTS} does not fit this piece: the part walk is for concatenations along the "
+                "first output's innermost axis at bounds that are multiples of a width (its parts: "
+                f"{'none' if self.parts is None else self.parts})",
+                rule="triton.pointwise.knob",
+                hint="take configs from engine_configs()",
+            )
+        assert self.parts is not None and knobs.BLOCK is not None
+        piece = self.piece
+        first = piece.tensor(piece.outputs[0])
+        dims, order = first.dim, stride_order(first.stride)
+        axis, width = self.parts
+        size = dims[axis]
+        count = size // width
+        reduced = math.prod(dims) // count
+        externals = [*piece.inputs, *piece.outputs]
+        big = offsets_need_int64(piece.tensor(u) for u in externals) or math.prod(dims) + 2**16 > INT32_LIMIT
+        flat = FlatIndexer(dims, order)
+        loads: dict[tuple[str, str, int], str] = {}
+        parts = [PartIndexer(flat, axis, p * width, width, loads) for p in range(count)]
+        lines = [line for part in parts for line in _emit(piece, part, self.views).lines]
+        body = [
+            f"lin_r = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
+            f"mask = lin_r < {reduced}",
+            f"lin = (lin_r // {width}) * {size} + lin_r % {width}",  # (the first part's flat index)
+            *flat.coordinate_lines(),
+            *(line for part in parts for line in part.hoisted),
+            *lines,
+        ]
+        params, args = external_params(piece, externals)
+        source = module_source(f"def kernel({', '.join([*params, 'BLOCK: tl.constexpr'])}):\n{indent(body)}\n")
+        launch = Launch(
+            "kernel", (-(-reduced // knobs.BLOCK),), tuple(args), (("BLOCK", knobs.BLOCK), ("num_warps", knobs.warps))
+        )
         return Generated(source, (launch,))
 
     def _generate_sized(self, knobs: PointwiseKnobs, piece: Piece, views: dict[int, Any], sizes: Sizes) -> Generated:
