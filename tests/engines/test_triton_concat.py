@@ -84,7 +84,7 @@ def test_the_rotary_embedding_walks_in_halves(dt, rng):
 def test_every_config_of_a_rotary_embedding_matches(dt, rng):
     """The part walk's configs first, then the flat walk's; an odd element count (the last program's tail)."""
     plan, step, configs = candidate_configs(_rope_graph(dt, b=1, s=7, heads=5, dim=32))
-    assert [c.knob("PARTS") for c in configs][:2] == [2, 2] and configs[-1].knob("PARTS") is None
+    assert configs[0].knob("PARTS") == 2 and configs[-1].knob("PARTS") is None
     assert_candidates_match(plan, step, configs, rng)
 
 

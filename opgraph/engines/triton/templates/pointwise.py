@@ -397,18 +397,18 @@ class PointwiseMatch(Match[PointwiseKnobs]):
             b = min(1024, pow2_at_least(numel, 16))
             ranked = [(b, 4), (min(2048, pow2_at_least(numel, 16)), 8)]
         flat = unique([PointwiseKnobs(BLOCK=block, num_warps=warps) for block, warps in ranked])
-        if self.parts is not None:  # (first: every element once, no selects; the flat walk's elements a program)
+        if self.parts is not None:  # (first: every address loaded once, no selects)
             axis, width = self.parts
             count = dims[axis] // width
-            return [
-                *unique(
-                    [
-                        PointwiseKnobs(BLOCK=max(16, 1 << (block // count).bit_length() - 1), PARTS=count, num_warps=w)
-                        for block, w in ranked
-                    ]
-                ),
-                *flat,
-            ]
+            per_part = numel // count
+            # 16 elements a thread a part (two 128-bit vectors of a 16-bit type, as the flat walk's fastest on the
+            # rotary embedding: bench/results/constants.md#the-part-walk), then 8, then 16 with 8 warps
+            sizes = (
+                [(2048, 4), (1024, 4), (4096, 8)]
+                if per_part >= 1 << 20
+                else [(min(1024, pow2_at_least(per_part, 16)), 4)]
+            )
+            return [*(PointwiseKnobs(BLOCK=b, PARTS=count, num_warps=w) for b, w in sizes), *flat]
         axes = self.rows
         if axes is None:
             return flat
