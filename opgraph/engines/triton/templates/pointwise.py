@@ -484,8 +484,8 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         return Generated(source, (launch,))
 
     def _generate_parts(self, knobs: PointwiseKnobs) -> Generated:
-        """The part walk: the flat walk over the space with the concatenated axis cut to W (`parts`), `lin` the
-        first part's flat index; the body once a part (PartIndexer: its addresses the first part's plus a
+        """The part walk: the flat walk over the space with the concatenated axis cut to W (`parts`, `lin` its
+        index); the body once a part (PartIndexer: its addresses the first part's plus a
         constant, its coordinate range known to its concatenations), the parts' loads first, each address
         once."""
         if not self.accepts(knobs):
@@ -506,14 +506,16 @@ class PointwiseMatch(Match[PointwiseKnobs]):
         reduced = math.prod(dims) // count
         externals = [*piece.inputs, *piece.outputs]
         big = offsets_need_int64(piece.tensor(u) for u in externals) or math.prod(dims) + 2**16 > INT32_LIMIT
-        flat = FlatIndexer(dims, order)
+        # (the flat walk over the reduced space, its own index: the coordinates' divisions of it are what the
+        # compiler sees through; re-dividing the first part's index of the whole space, (lin // W) * D + lin % W,
+        # it saw no runs and loaded per element: ld.global of one element 64 times a thread, ptxas sm_90a)
+        flat = FlatIndexer(tuple(width if a == axis else d for a, d in enumerate(dims)), order)
         loads: dict[tuple[str, str, int], str] = {}
         parts = [PartIndexer(flat, axis, p * width, width, loads) for p in range(count)]
         lines = [line for part in parts for line in _emit(piece, part, self.views).lines]
         body = [
-            f"lin_r = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
-            f"mask = lin_r < {reduced}",
-            f"lin = (lin_r // {width}) * {size} + lin_r % {width}",  # (the first part's flat index)
+            f"lin = {program_id(0, big)} * BLOCK + tl.arange(0, BLOCK)",
+            f"mask = lin < {reduced}",
             *flat.coordinate_lines(),
             *(line for part in parts for line in part.hoisted),
             *lines,
