@@ -100,6 +100,33 @@ def test_parts_of_unequal_operands_and_a_join_inside_a_join(rng):
     assert plan.steps[0].config.knob("PARTS") == 6 and "tl.where(c1 <" not in plan.source(0)
 
 
+def test_parts_with_gen_index_and_a_broadcast_operand(rng):
+    """Three operands of 8 along the last axis (three parts): gen_index counts from each operand's start in its
+    part, a per-row scale broadcast along the axis, and the space laid out column-major (its innermost axis in
+    memory is the joined one all the same)."""
+    g = og.Graph("parts_idx", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[5, 8], name="x")
+    s = g.tensor(dim=[5, 1], name="s")
+    t = g.exp(x)
+    idx = g.gen_index(g.add(x, 0.0), axis=1).set_data_type(DT.FLOAT)
+    joined = g.concatenate([g.add(t, idx), g.mul(t, s), idx], axis=1)
+    g.mul(joined, 0.5).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("PARTS") == 3
+
+
+def test_parts_of_a_join_written_in_a_transposed_layout(rng):
+    """The output [16, 6] stored with its joined axis (0) innermost: the walk's axis is the one contiguous in
+    memory, whatever its logical position."""
+    g = og.Graph("parts_t", io_data_type=DT.HALF)
+    a = g.tensor(dim=[8, 6], name="a")
+    b = g.tensor(dim=[8, 6], name="b")
+    y = g.add(g.concatenate([a, g.neg(b).set_data_type(DT.HALF)], axis=0), 1.0)
+    y.set_output(True).set_stride([1, 16])
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert plan.steps[0].config.knob("PARTS") == 2
+
+
 @pytest.mark.parametrize(
     "build,why",
     [
