@@ -100,6 +100,20 @@ def test_parts_of_unequal_operands_and_a_join_inside_a_join(rng):
     assert plan.steps[0].config.knob("PARTS") == 6 and "tl.where(c1 <" not in plan.source(0)
 
 
+def test_a_join_under_a_one_operand_join_counts_for_the_parts(rng):
+    """cat(cat(a [.., 4], b [.., 12])) (a join of one operand: a copy, its operand in the same frame) beside
+    cat(x, y) of 8 each: the inner join's bound at 4 leaves no parts of 8 (the part walk took W = 8 and stopped
+    at its own assertion); with b's bound at 8 the part walk takes it. (From a review of the branch.)"""
+    for split, parts in ((4, None), (8, 2)):
+        g = og.Graph("hidden", io_data_type=DT.FLOAT)
+        x, y = g.tensor(dim=[3, 8], name="x"), g.tensor(dim=[3, 8], name="y")
+        a, b = g.tensor(dim=[3, split], name="a"), g.tensor(dim=[3, 16 - split], name="b")
+        hidden = g.concatenate([g.concatenate([a, b], axis=1)], axis=1)
+        g.add(g.concatenate([x, y], axis=1), hidden).set_output(True)
+        plan = assert_engine_matches(g, rng, expect_steps=1)
+        assert plan.steps[0].config.knob("PARTS") == parts
+
+
 def test_parts_with_gen_index_and_a_broadcast_operand(rng):
     """Three operands of 8 along the last axis (three parts): gen_index counts from each operand's start in its
     part, a per-row scale broadcast along the axis, and the space laid out column-major (its innermost axis in

@@ -125,7 +125,11 @@ def part_width(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[Any
         for node in demanded(piece, roots, made):
             if node.kind == SLICE_BACKWARD:
                 return False
-            if node.kind != CONCAT or len(node.input_uids()) == 1:
+            if node.kind != CONCAT:
+                continue
+            if len(node.input_uids()) == 1:  # (a copy: its operand emitted in this frame, _emit_concat)
+                if not walk(node.input_uids(), shift):
+                    return False
                 continue
             if _axis(node, len(tensors[node.output_uids()[0]].dim)) != axis:
                 return False
