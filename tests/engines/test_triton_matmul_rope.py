@@ -14,6 +14,7 @@ from opgraph.engines.triton.templates.matmul import MatmulTemplate
 
 from ..helpers import (
     assert_candidates_match,
+    assert_engine_close_l2,
     assert_engine_matches,
     candidate_configs,
     plan_with,
@@ -107,10 +108,13 @@ def test_a_slice_other_than_a_half_stays_apart(rng):
 @requires_cuda
 @pytest.mark.gpu
 def test_the_llama_query_projection_with_its_rotary_embedding_on_the_gpu(rng):
-    """Queries of 16 heads of 64 over 2 x 256 tokens, bf16, the generated kernel alone."""
-    assert_engine_matches(
-        _projected(DT.BFLOAT16, b=2, s=256, k=256, heads=16, dim=64, positions=2), rng, device="cuda", expect_steps=1
-    )
+    """Queries of 16 heads of 64 over 2 x 256 tokens, bf16, the generated kernel alone, by the relative L2 error:
+    q is rounded to bf16 before q * cos + rotate_half(q) * sin cancels, so where the tensor cores' sum and the
+    reference's round q to neighbouring bf16 values (one unit: 0.125 at |q| >= 16) an output of 2.5 differs by
+    that much, as the two kernels of the unfused plan differ from the reference (seen on an H200)."""
+    g = _projected(DT.BFLOAT16, b=2, s=256, k=256, heads=16, dim=64, positions=2)
+    plan = assert_engine_close_l2(g, rng, max_rel_l2=1e-2)
+    assert len(plan.steps) == 1, plan.describe()
 
 
 def test_the_split_piece_reads_a_from_memory():
