@@ -73,9 +73,17 @@ def test_a_tile_cutting_a_head_is_refused():
 
 
 def test_a_product_beside_it_splits_too(rng):
-    """The value projection computed beside the query's (GemmPiece.siblings) where the build merges them:
-    each is right whatever the pieces."""
-    assert_engine_matches(_projected(DT.BFLOAT16, sibling=True), rng)
+    """The value projection computed beside the keys' (GemmPiece.siblings) after their RoPE, as the build's
+    sibling merge orders them (the keys' piece, then the values' product): one kernel, both stored right."""
+    plan = plan_with(
+        _projected(DT.BFLOAT16, sibling=True),
+        {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16},
+        engines=("triton", "reference"),
+        allow_partition=False,
+    )
+    assert "acc_s0" in plan.source(0) and "tl.join(" in plan.source(0)
+    bad = og.testing.check_plan(plan, rng)
+    assert not bad, "\n".join(map(str, bad))
 
 
 def test_views_alone_are_left_to_their_reader():

@@ -130,7 +130,7 @@ def _epilogue(
 ) -> bool:
     """Describe the epilogue's tensors in the space's order (into `new`) and its views (into `replaced`);
     False where something does not fit."""
-    at = max(piece.nodes.index(m) for m in mains)
+    at = min(piece.nodes.index(m) for m in mains)  # (a product beside the first may come after its epilogue)
     d = _Describer(piece, space, new, replaced)
     if not all(d.split(u) for u in outs):
         return False
