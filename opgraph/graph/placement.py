@@ -40,7 +40,7 @@ def place_views(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
 
 
 _GEMMS = ("matmul", "conv_fprop", "conv_dgrad", "conv_wgrad")
-_EPILOGUE = ("pointwise", "reduction")
+_EPILOGUE = ("pointwise", "reduction", "concatenate")
 
 
 def place_epilogues(nodes: list[Node], descs: Mapping[int, TensorDesc] | None = None) -> list[Node]:
@@ -96,15 +96,26 @@ class _EpiloguePlacer:
             self.out.append(n)
         return self.out
 
+    def _root(self, u: int) -> int:
+        """Tensor u, or where u is made by views of one reader each (a product split into heads and
+        transposed, as a rotary embedding reads it), the tensor those views read."""
+        while u not in self.chain and self.readers.get(u) == 1:
+            i = self.last_write.get(u)
+            if i is None or self.out[i].kind not in VIEW_KINDS:
+                break
+            u = self.out[i].input_uids()[0]
+        return u
+
     def _chains(self, n: Node) -> set[int]:
-        return {self.chain[u] for u in n.input_uids() if u in self.chain}
+        roots = {self._root(u) for u in n.input_uids()}
+        return {self.chain[u] for u in roots if u in self.chain}
 
     def _joined(self, n: Node, at: int) -> None:
         """Epilogue op `n` is at position `at` of the chains it reads from."""
         chains = self._chains(n)
         for c in chains:
             self.tail[c] = at
-        if n.kind == "pointwise":  # (a reduction ends the epilogue: its readers stay)
+        if n.kind in ("pointwise", "concatenate"):  # (a reduction ends the epilogue: its readers stay)
             for u in n.output_uids():
                 self.chain[u] = min(chains)
 
@@ -113,8 +124,11 @@ class _EpiloguePlacer:
         ins = n.input_uids()
         if n.kind not in _EPILOGUE or set(ins) & set(n.output_uids()):
             return None
-        # what leads it on: a joined epilogue op's result, or a GEMM's result that it alone reads
+        # what leads it on: a joined epilogue op's result, or a GEMM's result that it alone reads (or views of
+        # either that only it reads: the GEMM's result may have other readers then, each through views)
+        viewed = {self._root(u) for u in ins} - set(ins)
         heads = [u for u in ins if u in self.chain and (u not in self.gemms or self.readers.get(u) == 1)]
+        heads += [u for u in viewed if u in self.chain]
         if not heads or (not any(u in self.moved or u in self.gemms for u in heads) and self._widens(n)):
             return None
         at = max(self.tail[c] for c in self._chains(n)) + 1  # (after its heads: each is in a chain)
@@ -130,7 +144,7 @@ class _EpiloguePlacer:
     def _carried(self, ins: tuple[int, ...], at: int) -> list[int] | None:
         """Positions in `out` of the views that must move with an op reading `ins` to `at` (all that
         block it), or None where something else blocks it."""
-        views = []
+        views: list[int] = []
         for u in dict.fromkeys(ins):
             i = self.last_write.get(u, -1)
             if i < at:
@@ -138,10 +152,11 @@ class _EpiloguePlacer:
             v = self.out[i]
             if v.kind not in VIEW_KINDS or self.readers.get(u) != 1:
                 return None
-            if any(self.last_write.get(w, -1) >= at for w in v.input_uids()):
+            under = self._carried(v.input_uids(), at)  # (a chain of views moves whole)
+            if under is None:
                 return None
-            views.append(i)
-        return sorted(views)
+            views += [*under, i]
+        return sorted(set(views))
 
     def _move(self, n: Node, target: int, views: list[int]) -> None:
         for view in reversed([self._take(i) for i in reversed(views)]):  # (in their order)

@@ -57,6 +57,14 @@ class GemmPiece:
         """The main op and its siblings."""
         return (self.main, *self.siblings)
 
+    @property
+    def swapped_heads(self) -> int | None:
+        """The head dims whose halves the epilogue swaps in registers (half_swap), or None: then every
+        (sub)tile of the epilogue must hold whole heads."""
+        if not any(n.kind in ("slice", "concatenate") for n in self.epilogue):
+            return None
+        return self.space.dims[self.space.cols[-1]]
+
     def tensor(self, uid: int) -> TensorDesc:
         view = self.views.get(uid)
         return view.desc if view is not None else self.piece.tensor(uid)
@@ -221,7 +229,16 @@ def analyze(
     reductions: list[Reduce] = []
     stores = [main.output_uids()[0]] if main.output_uids()[0] in outputs else []
     position = {id(n): i for i, n in enumerate(piece.nodes)}
+    halves: set[int] = set()  # values of one half of a split product's head dims (half_swap)
     for node in after:
+        if halves.intersection(node.input_uids()) or (node.kind in ("slice", "concatenate") and space.cols):
+            why = half_swap(node, piece, space, epilogue_uids, halves, outputs)
+            if why is not None:
+                return None, Support.no(why, node)
+            epilogue.append(node)
+            epilogue_uids.update(node.output_uids())
+            stores += [u for u in node.output_uids() if u in outputs]
+            continue
         if id(node) in sibling_ids:
             product = node.output_uids()[0]
             epilogue_uids.add(product)
@@ -289,6 +306,43 @@ def analyze(
     return gp, Support.yes()
 
 
+def half_swap(
+    node: Node, piece: Piece, space: OutputSpace, values: set[int], halves: set[int], outputs: set[int]
+) -> str | None:
+    """Why `node` is not a step of a swap of the halves of a split product's head dims (the rotary
+    embedding's rotate_half, `cat(-x[..., D/2:], x[..., :D/2])`), which the epilogue makes in registers;
+    None where it is: a slice of an epilogue value to one half of the innermost column axis, pointwise ops
+    on such halves alone, the concatenation of two of them along that axis. Adds a half's UID to `halves`."""
+    axis = space.cols[-1] if space.cols else -1
+    head = space.dims[axis]
+    ins, out = node.input_uids(), node.output_uids()
+    if node.kind == "slice":
+        bounds = node.op.bounds(None, piece.tensor(ins[0]).dim)  # type: ignore[attr-defined]
+        whole = [(0, d, 1) for d in space.dims]
+        half = head // 2
+        if (
+            ins[0] not in values
+            or ins[0] in halves
+            or head % 2
+            or half & (half - 1)
+            or not any(list(bounds) == [*whole[:axis], b, *whole[axis + 1 :]] for b in ((0, half, 1), (half, head, 1)))
+        ):
+            return (
+                f"{node.label()} slices a split product's value other than to a half of its head dims "
+                "(a GEMM epilogue swaps halves of a head in registers)"
+            )
+    elif node.kind == "concatenate":
+        if len(ins) != 2 or not set(ins) <= halves or node.op.axis != axis:  # type: ignore[attr-defined]
+            return f"{node.label()} joins other than two halves of a split product's head dims"
+    elif not elementwise(node) or any(u not in halves for u in ins if piece.tensor(u).numel != 1):
+        return f"{node.label()} mixes a half of a head's dims with a whole tensor; only halves meet before the join"
+    if node.kind != "concatenate":
+        if set(out) & outputs:
+            return f"{node.label()} computes a half of a head's dims, which the epilogue does not store"
+        halves.update(out)
+    return None
+
+
 def _memory_view(
     node: Node, piece: Piece, views: Mapping[int, View], producer: Mapping[int, Node], outputs: set[int]
 ) -> View | str:
@@ -318,6 +372,8 @@ def _in_place(node: Node, piece: Piece, views: Mapping[int, View], where: str) -
 
 
 def _reduction(node: Node, piece: Piece, space: OutputSpace) -> Reduce | str:
+    if space.cols:
+        return f"{node.label()} reduces a product whose columns are split into heads; not fused"
     src = node.input_uids()[0]
     x = piece.tensor(src)
     if x.dim != space.dims:

@@ -21,6 +21,7 @@ from .constants import INT32_LIMIT
 from .dots import DotKind
 from .indexing import TileIndexer
 from .scratch import Scratch, Signature
+from .space import OutputSpace
 from .tiling import Tiling, decompose, static
 
 
@@ -194,7 +195,7 @@ def epilogue(
         if t.cmask:
             lines.append(f"cmask = rn < {t.text(sp.n)}")
         lines.append(f"col = g * {t.text(sp.n)} + rn" if sp.groups > 1 else "col = rn")
-        lines.append(f"y{sp.col} = col")
+        lines += t.col_coordinate_lines()
         indexer = t.output_indexer(ctx.ptr_of(sig), cols=str(half))
         lines += _epilogue_tile(
             ctx,
@@ -297,7 +298,10 @@ def _epilogue_tile(
     for uid, name in accs.items():
         em.assign(uid, f"{name}.to({ctx.compute})")
     for node in gp.epilogue:
-        em.emit(node)
+        if node.kind in ("slice", "concatenate"):
+            emit_half(em, node, gp.space, indexer.shape[1])
+        else:
+            em.emit(node)
     int_acc = ctx.dot is not None and ctx.dot.is_int
     for uid in gp.stores:
         out_desc = gp.tensor(uid)
@@ -316,6 +320,28 @@ def _epilogue_tile(
         else:
             lines += plan.tile_lines(ctx, sig, em.values[plan.red.source], indexer)
     return lines
+
+
+def emit_half(em: Emitter, node: Node, space: OutputSpace, width: str) -> None:
+    """A half of the split product's head dims (a slice: analysis.half_swap), or two halves joined (a
+    concatenation), in registers: the (sub)tile's `width` columns are whole heads, each reshaped to
+    (2, D / 2), its halves split off as [BLOCK_M, heads, D / 2] values and joined back the same way
+    (bench/results/constants.md#rotate-half-in-a-gemm-epilogue: register renaming on sm_90a)."""
+    head = space.dims[space.cols[-1]]
+    ins, out = node.input_uids(), node.output_uids()[0]
+    if node.kind == "slice":
+        name = f"hv{ins[0]}"
+        split = f"{name}_lo, {name}_hi = "
+        if not any(line.startswith(split) for line in em.lines):  # (each value split once)
+            em.lines.append(
+                f"{split}tl.split(tl.permute(tl.reshape({em.values[ins[0]]}, "
+                f"(BLOCK_M, {width} // {head}, 2, {head // 2})), (0, 1, 3, 2)))"
+            )
+        start = node.op.slices[space.cols[-1]][0]  # type: ignore[attr-defined]
+        em.assign(out, f"{name}_hi" if start else f"{name}_lo")
+        return
+    a, b = (em.values[u] for u in ins)
+    em.assign(out, f"tl.reshape(tl.permute(tl.join({a}, {b}), (0, 1, 3, 2)), (BLOCK_M, {width}))")
 
 
 def _loaded(expr: str) -> Callable[[TensorDesc], str]:

@@ -20,7 +20,8 @@ class TileIndexer:
     the same from tap to tap and the shift, a constant, folds into the load's address). `rmask` /
     `cmask` bound the rows / columns (None: all in bounds). `flat_rows` = (expr, ((axis, size), ...)):
     the row axes flattened, outermost first; a tensor packed over them is addressed by the flat index
-    (cheaper, and contiguity stays visible to the compiler).
+    (cheaper, and contiguity stays visible to the compiler); `flat_cols` the same for column axes (a
+    product's columns split into heads x head dims, gemm/space.py).
 
     `select`: a mask (`rmask` or `cmask`) that loads leave out, operand_tile applying it by a select
     on the loaded tile; its axis' coordinates must then stay in bounds (the caller wraps them). A
@@ -44,6 +45,7 @@ class TileIndexer:
         select: str | None = None,
         tmask: str | None = None,
         text: Callable[[SymInt], str] = str,
+        flat_cols: tuple[str, tuple[tuple[int, SymInt], ...]] | None = None,
     ) -> None:
         self.text = text
         self.axes = tuple(axes)
@@ -56,12 +58,14 @@ class TileIndexer:
         self.ptr = ptr
         self.shape = shape
         self.flat_rows = flat_rows
+        self.flat_cols = flat_cols
         self.shifted = any(len(a) > 2 for a in self.axes)  # (no flat rows over a shifted axis)
 
-    def _flat(self, desc: TensorDesc) -> str | None:
-        if self.flat_rows is None or len(desc.dim) != len(self.axes) or self.shifted:
+    def _flat(self, desc: TensorDesc, flat: tuple[str, tuple[tuple[int, SymInt], ...]] | None) -> str | None:
+        """The term addressing `desc` over the flattened axes of `flat`, where it is packed over them."""
+        if flat is None or len(desc.dim) != len(self.axes) or self.shifted:
             return None
-        expr, axes = self.flat_rows
+        expr, axes = flat
         step = inner = None
         for axis, size in reversed(axes):
             if desc.dim[axis] != size:
@@ -87,12 +91,15 @@ class TileIndexer:
         cols: list[str] = []
         scal: list[str] = []
         tile: list[str] = []
-        flat = self._flat(desc)
+        flat = self._flat(desc, self.flat_rows)
         if flat is not None:
             rows.append(flat)
+        flat_col = self._flat(desc, self.flat_cols)
+        if flat_col is not None:
+            cols.append(flat_col)
         for axis, (d, s) in enumerate(zip(desc.dim, desc.stride)):
             where, expr, *shift = self.axes[axis]
-            if (flat is not None and where == "r") or s == 0 or d == 1:
+            if (flat is not None and where == "r") or (flat_col is not None and where == "c") or s == 0 or d == 1:
                 continue
             term = expr if s == 1 else f"{expr} * {self.text(s)}"
             {"r": rows, "c": cols, "s": scal, "t": tile}[where].append(term)

@@ -10,13 +10,21 @@ from dataclasses import dataclass
 class OutputSpace:
     """How the main op's output maps onto tiles. `rows`: axes flattened into the row index
     (outermost first); `col`: the axis along the columns, split into `groups` independent ranges of
-    `n` columns each; `batch`: axes fixed per program (outermost first)."""
+    `n` columns each; `cols`: axes after `col` flattened with it into the column index (a product's
+    columns split into heads x head dims: _matmul_split_cols.py; one group); `batch`: axes fixed per
+    program (outermost first)."""
 
     dims: tuple[int, ...]
     rows: tuple[int, ...]
     col: int
     batch: tuple[int, ...] = ()
     groups: int = 1
+    cols: tuple[int, ...] = ()
+
+    @property
+    def col_axes(self) -> tuple[int, ...]:
+        """The axes flattened into the column index, outermost first."""
+        return (self.col, *self.cols)
 
     @property
     def m(self) -> int:
@@ -24,7 +32,7 @@ class OutputSpace:
 
     @property
     def n(self) -> int:
-        return self.dims[self.col] // self.groups
+        return math.prod(self.dims[a] for a in self.col_axes) // self.groups
 
     @property
     def nbatch(self) -> int:
@@ -38,6 +46,6 @@ class OutputSpace:
     def where(self, axis: int) -> str:
         if axis in self.rows:
             return "r"
-        if axis == self.col:
+        if axis in self.col_axes:
             return "c"
         return "s"

@@ -75,7 +75,7 @@ class Tiling:
             f"col = g * {text(sp.n)} + rn" if sp.groups > 1 else "col = rn",
             *self.row_coordinate_lines(),
             *self.batch_coordinate_lines(),
-            f"y{sp.col} = col",
+            *self.col_coordinate_lines(),
         ]
 
     def program_lines(self, with_split: bool, pid: str) -> list[str]:
@@ -128,6 +128,11 @@ class Tiling:
         sp = self.space
         return decompose("rm", [(a, sp.dims[a]) for a in sp.rows], "y", self.text)
 
+    def col_coordinate_lines(self) -> list[str]:
+        """col -> the coordinates y{axis} of the column axes."""
+        sp = self.space
+        return decompose("col", [(a, sp.dims[a]) for a in sp.col_axes], "y", self.text)
+
     def batch_coordinate_lines(self) -> list[str]:
         """bb -> the coordinates y{axis} of the per-program batch axes."""
         sp = self.space
@@ -142,7 +147,10 @@ class Tiling:
         sp = self.space
         axes = [(sp.where(a), f"y{a}") for a in range(len(sp.dims))]
         flat = ("rm", tuple((a, sp.dims[a]) for a in sp.rows))
-        return TileIndexer(axes, self.rmask, self.cmask, ptr, ("BLOCK_M", cols), flat, text=self.text)
+        flat_cols = ("col", tuple((a, sp.dims[a]) for a in sp.col_axes)) if sp.cols else None
+        return TileIndexer(
+            axes, self.rmask, self.cmask, ptr, ("BLOCK_M", cols), flat, text=self.text, flat_cols=flat_cols
+        )
 
 
 def input_taps(

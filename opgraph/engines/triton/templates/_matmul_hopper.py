@@ -26,6 +26,7 @@ results in bench/results/; scripts/hopper_lab/ and scripts/hopper_gemm_check.py 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol, cast
 
 from ....core.device import Device
@@ -95,15 +96,37 @@ def stage_bytes(m: MatmulMatch, block_m: int, block_n: int, block_k: int) -> int
     return (block_m + block_n * len(m.gp.mains)) * block_k * m.problem[3]
 
 
+def as_matrix(gp: GemmPiece, t: TensorDesc) -> TensorDesc:
+    """Output `t` of a space whose columns are split into heads (OutputSpace.cols) as the [M, N] matrix it is
+    where it is packed over the rows and over the columns (else as it is): what a 2-D TMA store writes."""
+    sp = gp.space
+    if not sp.cols or list(t.dim) != list(sp.dims):
+        return t
+    inner = [(t.dim[a], t.stride[a]) for a in reversed(sp.col_axes)] + [
+        (t.dim[a], t.stride[a]) for a in reversed(sp.rows)
+    ]
+    cols, step = len(sp.col_axes), 1
+    for i, (d, s) in enumerate(inner):
+        if i == cols:  # (the rows: their innermost stride is the matrix's row stride)
+            step = s
+        if d != 1 and s != step:
+            return t
+        step = s * d
+    return dataclasses.replace(t, dim=(sp.m, sp.n), stride=(inner[cols][1], 1))
+
+
 def tma_storable(gp: GemmPiece, t: TensorDesc, uid: int, int_acc: bool = False) -> bool:
     """Whether stored output `uid` (`t`, its view resolved) can go through a TMA store: a 2-D output of the
-    tile's space, rows contiguous, 16-byte aligned rows, a float type, not a view, not an integer product's
-    exact result (`int_acc`)."""
+    tile's space (a split space's packed output as its matrix: `as_matrix`), rows contiguous, 16-byte aligned
+    rows, a float type, not a view, not an integer product's exact result (`int_acc`)."""
+    t = as_matrix(gp, t)
+    if gp.space.cols and len(t.dim) != 2:
+        return False
     size = t.data_type.itemsize
     return not (
         t.data_type not in STORED_TYPES
         or uid in gp.views
-        or list(t.dim) != list(gp.space.dims)
+        or list(t.dim) != ([gp.space.m, gp.space.n] if gp.space.cols else list(gp.space.dims))
         or t.stride[-1] != 1
         or (t.stride[0] * size) % 16
         or t.stride[0] < t.dim[-1]
@@ -119,7 +142,7 @@ def store_descriptors(
     of the kernel's other tiles and the staging tiles fit in `budget` bytes of shared memory. The others
     keep pointer stores."""
     gp, sp = m.gp, m.gp.space
-    if sp.nbatch * sp.groups != 1 or len(sp.dims) != 2:
+    if sp.nbatch * sp.groups != 1 or (len(sp.dims) != 2 and not sp.cols):
         return
     assert k.BLOCK_K is not None
     cols = k.BLOCK_N // 2 if k.subtile == 2 and can_subtile(ctx) else k.BLOCK_N
@@ -137,6 +160,7 @@ def store_descriptors(
         smem += k.BLOCK_M * cols * size
         if smem > budget:
             return
+        t = as_matrix(gp, t)
         ctx.tma_stores[uid] = sig.desc(
             f"desc_c{uid}", uid, 0, list(t.dim), tma_strides(list(t.dim), list(t.stride), size), [k.BLOCK_M, cols]
         )

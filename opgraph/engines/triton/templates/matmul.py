@@ -86,6 +86,7 @@ from ._matmul_hopper import (
     occupancy_config,
 )
 from ._matmul_regroup import regroup_rows
+from ._matmul_split_cols import split_columns
 from ._matmul_ws import WS_TILE, WarpSpecLoop, ws_config, ws_rank, ws_refusal
 from .base import Generated
 
@@ -144,6 +145,23 @@ def descriptor(gp: GemmPiece, role: str, node: Node | None = None) -> Descriptor
     return None
 
 
+def _epilogue_width(k: TileKnobs) -> int:
+    """The columns of each product in one pass of a config's epilogue (a half tile with EPILOGUE_SUBTILE=2)."""
+    assert k.BLOCK_N is not None
+    return k.BLOCK_N // 2 if k.subtile == 2 and k.BLOCK_N >= 32 else k.BLOCK_N
+
+
+def _whole_heads(configs: list[TileKnobs], head: int) -> list[TileKnobs]:
+    """The configs with tiles of whole heads where the epilogue swaps their halves (GemmPiece.swapped_heads):
+    BLOCK_N raised to a head, EPILOGUE_SUBTILE dropped where its halves would cut one."""
+    fitted = []
+    for c in configs:
+        assert c.BLOCK_N is not None
+        c = c.replace(BLOCK_N=max(c.BLOCK_N, head))
+        fitted.append(c if _epilogue_width(c) % head == 0 else c.replace(EPILOGUE_SUBTILE=None))
+    return list(dict.fromkeys(fitted))
+
+
 def _share(block_n: int, width: int) -> int:
     """Each of `width` products' columns in a tile of `block_n` (a power of two, 16 at least)."""
     return max(16, 1 << (max(block_n // width, 1).bit_length() - 1))
@@ -168,7 +186,11 @@ class MatmulTemplate(TileTemplate):
         """The piece's analysis, over its tensors with B's broadcast batch axes folded into the rows where
         that changes the tiling (_matmul_fold.py), or its epilogue's reshapes of the rows made identities
         (_matmul_regroup.py); the piece as it is where the folded one is not a GEMM piece (A's views, folded,
-        not read in place)."""
+        not read in place). A piece whose epilogue splits the product's columns into heads is analysed over
+        the split space (_matmul_split_cols.py)."""
+        split = split_columns(piece)
+        if split is not None:  # (its verdict, where it is no GEMM piece, says why better than the piece's)
+            return super().analyze(split)
         folded = fold_rows(piece) or regroup_rows(piece)
         if folded is not None:
             gp, verdict = super().analyze(folded)
@@ -179,6 +201,8 @@ class MatmulTemplate(TileTemplate):
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
         rank = len(c.dim)
+        if rank > len(piece.tensor(main.input("A")).dim):  # (its columns split into heads: _matmul_split_cols.py)
+            return OutputSpace(c.dim, rows=tuple(range(rank - 2)), col=rank - 2, cols=(rank - 1,))
         return OutputSpace(c.dim, rows=(rank - 2,), col=rank - 1, batch=tuple(range(rank - 2)))
 
 
@@ -229,6 +253,15 @@ class MatmulMatch(TileMatch):
         return {role: d for role, d in found.items() if d is not None}
 
     def validate(self, k: TileKnobs) -> None:
+        head = self.gp.swapped_heads
+        if head is not None and _epilogue_width(k) % head:
+            raise AttributeValueError(
+                f"BLOCK_N={k.BLOCK_N}{' with EPILOGUE_SUBTILE=2' if k.subtile == 2 else ''}: the epilogue swaps the "
+                f"halves of heads of {head} columns in registers, so each (sub)tile holds whole heads",
+                op=self.gp.main.label(),
+                rule="triton.gemm.knob",
+                hint=f"pick BLOCK_N a multiple of {head} (of {2 * head} with EPILOGUE_SUBTILE=2)",
+            )
         if self.gp.siblings and k.split_k > 1:
             raise AttributeValueError(
                 f"SPLIT_K={k.split_k}: {self.gp.main.label()} and the products beside it "
@@ -460,6 +493,8 @@ class MatmulMatch(TileMatch):
         if self.focus is not None:
             configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
         configs = finish_candidates(configs, gp, device, extra)
+        if gp.swapped_heads is not None:
+            configs = _whole_heads(configs, gp.swapped_heads)
         if self.native_fp8:
             return self._fp8_accumulation(configs)
         return self._warp_specialized(configs)
@@ -603,8 +638,7 @@ class MatmulMatch(TileMatch):
         assert ctx.dot is not None and k.BLOCK_K is not None
         kdim = self.problem[2]
         bk = k.BLOCK_K
-        rank = len(gp.space.dims)
-        batch = [("s", f"y{a}") for a in range(rank - 2)]
+        batch = [("s", f"y{a}") for a in gp.space.batch]
         kmask = "kmask" if kdim % bk else None
         ptr = ctx.ptr_of(sig)
         text = ctx.tiling.text
