@@ -23,7 +23,7 @@ import math
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.layout import VIEW_KINDS, Reshape, Slice
+from ....ops.layout import VIEW_KINDS, Concatenate, Reshape, Slice
 from ....ops.pointwise import Pointwise, PointwiseMode
 from ._matmul_fold import _a_chain, _chains, _dropped, _view_without, merged_rows, overlaid
 
@@ -247,5 +247,6 @@ class _Describer:
             for i, b in enumerate(bounds):
                 moved[p[i]] = b
             return dataclasses.replace(n, op=Slice(slices=tuple(moved)))
-        axis = n.op.axis % self.rank  # type: ignore[attr-defined]
-        return dataclasses.replace(n, op=dataclasses.replace(n.op, axis=p[axis]))
+        op = n.op
+        assert isinstance(op, Concatenate)
+        return dataclasses.replace(n, op=dataclasses.replace(op, axis=p[op.axis % self.rank]))

@@ -201,7 +201,9 @@ class MatmulTemplate(TileTemplate):
     def space(self, main: Node, piece: Piece) -> OutputSpace:
         c = piece.tensor(main.output_uids()[0])
         rank = len(c.dim)
-        if rank > len(piece.tensor(main.input("A")).dim):  # (its columns split into heads: _matmul_split_cols.py)
+        a = main.input("A")
+        assert isinstance(a, int)
+        if rank > len(piece.tensor(a).dim):  # (its columns split into heads: _matmul_split_cols.py)
             return OutputSpace(c.dim, rows=tuple(range(rank - 2)), col=rank - 2, cols=(rank - 1,))
         return OutputSpace(c.dim, rows=(rank - 2,), col=rank - 1, batch=tuple(range(rank - 2)))
 
