@@ -136,3 +136,42 @@ def test_the_split_piece_reads_a_from_memory():
     g.mul(h, g.tensor(dim=[1, 1, 8, 16], name="cos")).set_output(True)
     final = g.final
     assert split_columns(make_piece(final, 0, list(final.nodes))) is None
+
+
+def test_split_k_is_refused_and_left_out_of_the_candidates():
+    """Split-K's epilogue launch tiles the columns its own way (a head of 128 cut to a 64-column tile)."""
+    g = _projected(DT.FLOAT, s=8, k=256, heads=1, dim=128)
+    with pytest.raises(og.AttributeValueError) as info:
+        plan_with(g, {"SPLIT_K": 2, "BLOCK_M": 16, "BLOCK_N": 128})
+    assert info.value.rule == "triton.gemm.knob" and "SPLIT_K" in str(info.value)
+    _, _, configs = candidate_configs(g)
+    assert all(dict(c.knobs).get("SPLIT_K", 1) == 1 for c in configs)
+
+
+def test_an_operand_per_head_and_position_is_read_in_its_order(rng):
+    """A [1, H, S, 1] operand reshaped from [H, S] in the transposed world: read as a reshape to the space's
+    order it would swap H and S, so the piece is not split (review of the split space)."""
+    dt = DT.FLOAT
+    g = og.Graph("per_head", io_data_type=dt)
+    x = g.tensor(dim=[2, 8, 32], name="x")
+    q = g.matmul(x, g.tensor(dim=[1, 32, 32], name="w"), name="q_proj").set_dim([2, 8, 32]).set_data_type(dt)
+    h = g.transpose(g.reshape(q, [2, 8, 2, 16]), [0, 2, 1, 3])
+    g.mul(h, g.reshape(g.tensor(dim=[2, 8], name="scale"), [1, 2, 8, 1])).set_output(True)
+    assert_engine_matches(g, rng)
+
+
+@pytest.mark.parametrize("operand", ["A", "B"])
+def test_an_epilogue_reading_a_or_b_is_not_split(operand, rng):
+    """x @ w + x (or + w) before the heads' split: A and B are described as the merged product's matrices, which
+    an epilogue op in the split space cannot index (review of the split space)."""
+    dt = DT.FLOAT
+    g = og.Graph("reads_operand", io_data_type=dt)
+    k = 32 if operand == "A" else 8
+    x = g.tensor(dim=[2, 8, k], name="x")
+    w = g.tensor(dim=[1, k, 32], name="w")
+    q = g.matmul(x, w, name="q_proj").set_dim([2, 8, 32]).set_data_type(dt)
+    r = g.add(q, x if operand == "A" else w).set_dim([2, 8, 32]).set_data_type(dt)
+    g.mul(g.transpose(g.reshape(r, [2, 8, 2, 16]), [0, 2, 1, 3]), 2.0).set_output(True)
+    final = g.final
+    assert split_columns(make_piece(final, 0, list(final.nodes))) is None
+    assert_engine_matches(g, rng)

@@ -57,6 +57,9 @@ def split_columns(piece: Piece) -> Piece | None:
     chain = _chains(piece, mains)
     if chain is None or _a_chain(piece, a_uid)[1] is not None:
         return None
+    operands = {a_uid, *chain.side, *(n.input("B") for n in mains)}
+    if any(operands & set(n.input_uids()) for n in piece.nodes if n.kind != "matmul" and id(n) not in chain.views):
+        return None  # (an epilogue op reading A or B would index their merged matrices in the split space)
     new: dict[int, TensorDesc] = {}
     replaced: dict[int, Node] = {}
     drop = range(0, rank - 2)
@@ -226,6 +229,11 @@ class _Describer:
         if view is None or view.kind not in VIEW_KINDS:
             return True
         if view.kind != "reshape" or view.input_uids()[0] in self.producer:
+            return False
+        # (read as a reshape to the permuted dims: right where p keeps its axes of more than one element in order,
+        # as cos and sin's [B, 1, S, D] -> [B, S, 1, D]; a [1, H, S, 1] operand's would swap H and S)
+        moved = [p[i] for i, d in enumerate(self.tensors[u].dim) if d != 1]
+        if moved != sorted(moved):
             return False
         self.replaced[id(view)] = dataclasses.replace(view, op=Reshape(dim=tuple(self.new[u].dim)))
         return True

@@ -153,11 +153,12 @@ def _epilogue_width(k: TileKnobs) -> int:
 
 def _whole_heads(configs: list[TileKnobs], head: int) -> list[TileKnobs]:
     """The configs with tiles of whole heads where the epilogue swaps their halves (GemmPiece.swapped_heads):
-    BLOCK_N raised to a head, EPILOGUE_SUBTILE dropped where its halves would cut one."""
+    BLOCK_N raised to a head, EPILOGUE_SUBTILE dropped where its halves would cut one, unsplit (split-K's
+    epilogue launch tiles the columns its own way)."""
     fitted = []
     for c in configs:
         assert c.BLOCK_N is not None
-        c = c.replace(BLOCK_N=max(c.BLOCK_N, head))
+        c = c.replace(BLOCK_N=max(c.BLOCK_N, head), SPLIT_K=1, EPI_M=None, EPI_N=None)
         fitted.append(c if _epilogue_width(c) % head == 0 else c.replace(EPILOGUE_SUBTILE=None))
     return list(dict.fromkeys(fitted))
 
@@ -256,6 +257,14 @@ class MatmulMatch(TileMatch):
 
     def validate(self, k: TileKnobs) -> None:
         head = self.gp.swapped_heads
+        if head is not None and k.split_k > 1:
+            raise AttributeValueError(
+                f"SPLIT_K={k.split_k}: the epilogue swaps the halves of heads of {head} columns in registers, which "
+                "the split-K epilogue launch's own tiles do not keep whole",
+                op=self.gp.main.label(),
+                rule="triton.gemm.knob",
+                hint="drop SPLIT_K from this config",
+            )
         if head is not None and _epilogue_width(k) % head:
             raise AttributeValueError(
                 f"BLOCK_N={k.BLOCK_N}{' with EPILOGUE_SUBTILE=2' if k.subtile == 2 else ''}: the epilogue swaps the "
