@@ -503,6 +503,8 @@ class MatmulMatch(TileMatch):
             configs = list(dict.fromkeys(c.replace(FLATTEN=None) for c in configs))
         if self.focus is not None:
             configs = [c for c in configs[:-1] if self.one_kernel(c)] + configs[-1:]
+        if gp.swapped_heads is not None:  # (before the stages are fitted to shared memory, and after the subtiles)
+            configs = _whole_heads(configs, gp.swapped_heads)
         configs = finish_candidates(configs, gp, device, extra)
         if gp.swapped_heads is not None:
             configs = _whole_heads(configs, gp.swapped_heads)
