@@ -529,6 +529,8 @@ class Emitter:
             self._emit_custom(node, op)
             return
         assert isinstance(op, Pointwise)
+        if op.mode is PointwiseMode.IDENTITY and self._alias(node):
+            return
         info = MODES[op.mode]
         typ = node_type(node, self.tensors, self.compute)
         ins = [self.typed(v, typ) for v in node.inputs]
@@ -560,6 +562,23 @@ class Emitter:
         else:
             expr = f"({_mode_expr(op.mode, operands, params)}).to({typ})"
         self.assign(out, expr, typ)
+
+    def _alias(self, node: Node) -> bool:
+        """An identity to its input's own type (a reshape or transpose made pointwise over a GEMM's output space:
+        _matmul_split_cols.py, _matmul_regroup.py) names the input's value: it is already of that type, so no
+        copy and no rounding again (six bf16 roundings an element of a fused rotary embedding). False where it is
+        not such an identity or the input is not yet a value."""
+        src, out = node.inputs[0], node.outputs[0]
+        if not isinstance(src, int) or out is None or src not in self.values:
+            return False
+        if self.tensors[src].data_type is not self.tensors[out].data_type:
+            return False
+        self.values[out] = self.values[src]
+        if src in self.native:
+            self.native[out] = self.native[src]
+        if src in self.exact_bf16:
+            self.exact_bf16.add(out)
+        return True
 
     def assign(self, uid: int, value: str, typ: str | None = None) -> None:
         """Make `value` (of type `typ`, default the compute type) the value v{uid} of tensor uid,
