@@ -2,7 +2,7 @@
 `x @ Wq -> view [B, S, H, D] -> transpose [B, H, S, D]`, then the rotary embedding (`q * cos +
 rotate_half(q) * sin`, cos and sin [1, 1, S, D], rotate_half the concatenation of the negated second
 half of D and the first). Unfused, the projection writes q and a pointwise kernel reads it back and writes
-the rotated copy (bench/results/constants.md#the-part-walk: ~10 µs a layer of the Llama zoo model).
+the rotated copy (bench/results/constants.md#the-part-walk: 13.4 + 6.1 µs a layer of the Llama zoo model's plan).
 
 `split_columns` gives the piece over an output space of the split dims in the product's order, [B, S,
 H, D] (rows B, S; columns H, D: gemm/space.py `cols`), with the product's rows merged into A's
@@ -11,7 +11,7 @@ in that order: the product's result and the tensors of its rank split along thei
 tensors of the transposed world ([B, H, S, D]) with their axes permuted (same UIDs, same memory), the
 reshape and the transposes as pointwise identities, slices and concatenations with their axes remapped.
 cos and sin then index as (s, d) per tile element, and rotate_half is a swap of the halves of D within
-the tile's registers (gemm/epilogue.py: `halves_lines`; bench/results/constants.md#rotate-half-in-a-gemm-epilogue).
+the tile's registers (gemm/epilogue.py `emit_half`; bench/results/constants.md#rope-in-the-projections-epilogue).
 Pieces that do not fit (a reduction, a view that moves more than unit axes, an op naming an axis other
 than a slice or a concatenation) stay as they are."""
 
