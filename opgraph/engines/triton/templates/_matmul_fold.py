@@ -31,7 +31,7 @@ from ....core.tensor import TensorDesc
 from ....ops.layout import Reshape, Slice, Transpose
 from ..sizes import symbolic_piece
 
-__all__ = ["fold_rows", "merged_rows", "overlaid"]
+__all__ = ["a_chain", "b_chains", "dropped", "fold_rows", "merged_rows", "overlaid", "view_without"]
 
 
 class _Overlay(Mapping[int, TensorDesc]):
@@ -92,11 +92,11 @@ def _fold_axis(piece: Piece) -> int | None:
     a_uid, b_uid, c_uid = main.input("A"), main.input("B"), main.output_uids()[0]
     if not isinstance(a_uid, int) or not isinstance(b_uid, int):
         return None
-    chain = _chains(piece, mains)
+    chain = b_chains(piece, mains)
     if chain is None:
         return None
     b_views, b_side = chain.views, chain.side
-    a_views = _a_chain(piece, a_uid)[0]
+    a_views = a_chain(piece, a_uid)[0]
     for n in piece.nodes:
         if n.kind == "matmul" or id(n) in b_views or id(n) in a_views:
             continue
@@ -136,7 +136,7 @@ class _BChain:
     unbatched: frozenset[int]
 
 
-def _chains(piece: Piece, mains: list[Node]) -> _BChain | None:
+def b_chains(piece: Piece, mains: list[Node]) -> _BChain | None:
     """The B chains of every product of the piece (one, or one with its siblings) as one."""
     found = []
     for main in mains:
@@ -175,7 +175,7 @@ def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
     return _BChain(frozenset(views), frozenset(at_rank), frozenset(side), frozenset(unbatched))
 
 
-def _a_chain(piece: Piece, a_uid: int) -> tuple[frozenset[int], Node | None, frozenset[int]]:
+def a_chain(piece: Piece, a_uid: int) -> tuple[frozenset[int], Node | None, frozenset[int]]:
     """A's views read in place from memory, where A is a reshape's result (the attention output's heads
     transposed back to tokens and merged, read by the output projection): (the chain's nodes by id, the reshape,
     the tensors before it, which keep their rank); empty where A is made otherwise or a tensor of the chain is
@@ -220,12 +220,12 @@ def _leading_ones(node: Node, piece: Piece) -> int | None:
     return added
 
 
-def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
+def dropped(t: TensorDesc, drop: range) -> TensorDesc:
     keep = [i for i in range(len(t.dim)) if i not in drop]
     return dataclasses.replace(t, dim=tuple(t.dim[i] for i in keep), stride=tuple(t.stride[i] for i in keep))
 
 
-def _view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | None:
+def view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | None:
     """A transpose or slice of B's chain with axes `drop` (all of size 1, kept in place) left out of its
     attributes, or a reshape adding unit axes with fewer of them; None where the view moves them."""
     op = node.op
@@ -259,19 +259,19 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     rank = len(graph.tensors[c_uid].dim)
     rows = math.prod(graph.tensors[c_uid].dim[lo : rank - 1])
     drop = range(lo, rank - 2)
-    chain = _chains(piece, mains)
+    chain = b_chains(piece, mains)
     assert chain is not None  # (_fold_axis)
     views, b_side = chain.views, chain.side
     replaced: dict[int, Node] = {}
     for n in piece.nodes:
         if id(n) in chain.at_rank:
-            kept = _view_without(n, drop, rank, piece)
+            kept = view_without(n, drop, rank, piece)
             if kept is None:
                 return None
             replaced[id(n)] = kept
     new: dict[int, TensorDesc] = {}
     unbatched = set(chain.unbatched)
-    _, a_reshape, a_before = _a_chain(piece, mains[0].input("A"))  # type: ignore[arg-type]
+    _, a_reshape, a_before = a_chain(piece, mains[0].input("A"))  # type: ignore[arg-type]
     unbatched |= a_before
     for n in piece.nodes:  # a bias given the output's rank: its unit axes merge like the rows'
         if id(n) not in views and _leading_ones(n, piece) is not None:
@@ -286,7 +286,7 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
         if u in b_side:
             if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
                 return None
-            new[u] = _dropped(t, drop)
+            new[u] = dropped(t, drop)
             continue
         if len(t.dim) != rank:
             if t.numel == 1:  # (a one-element operand broadcasts at any rank)

@@ -25,7 +25,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.layout import VIEW_KINDS, Concatenate, Reshape, Slice
 from ....ops.pointwise import Pointwise, PointwiseMode
-from ._matmul_fold import _a_chain, _chains, _dropped, _view_without, merged_rows, overlaid
+from ._matmul_fold import a_chain, b_chains, dropped, merged_rows, overlaid, view_without
 
 __all__ = ["split_columns"]
 
@@ -54,8 +54,8 @@ def split_columns(piece: Piece) -> Piece | None:
     heads, head_dim = split
     space = (*c.dim[:-1], heads, head_dim)
     rows = math.prod(c.dim[:-1])
-    chain = _chains(piece, mains)
-    if chain is None or _a_chain(piece, a_uid)[1] is not None:
+    chain = b_chains(piece, mains)
+    if chain is None or a_chain(piece, a_uid)[1] is not None:
         return None
     operands = {a_uid, *chain.side, *(n.input("B") for n in mains)}
     if any(operands & set(n.input_uids()) for n in piece.nodes if n.kind != "matmul" and id(n) not in chain.views):
@@ -65,7 +65,7 @@ def split_columns(piece: Piece) -> Piece | None:
     drop = range(0, rank - 2)
     for n in piece.nodes:  # B's chain: its batch axes dropped (all of one element)
         if id(n) in chain.at_rank:
-            kept = _view_without(n, drop, rank, piece)
+            kept = view_without(n, drop, rank, piece)
             if kept is None:
                 return None
             replaced[id(n)] = kept
@@ -73,7 +73,7 @@ def split_columns(piece: Piece) -> Piece | None:
         t = tensors[u]
         if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
             return None
-        new[u] = _dropped(t, drop)
+        new[u] = dropped(t, drop)
     a = tensors[a_uid]
     if len(a.dim) != rank:
         return None
