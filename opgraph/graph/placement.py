@@ -144,19 +144,19 @@ class _EpiloguePlacer:
     def _carried(self, ins: tuple[int, ...], at: int) -> list[int] | None:
         """Positions in `out` of the views that must move with an op reading `ins` to `at` (all that
         block it), or None where something else blocks it."""
-        views: list[int] = []
-        for u in dict.fromkeys(ins):
+        views: set[int] = set()
+        todo = list(dict.fromkeys(ins))  # (a chain of views moves whole; walked without recursion: chains are long)
+        while todo:
+            u = todo.pop()
             i = self.last_write.get(u, -1)
-            if i < at:
+            if i < at or i in views:
                 continue
             v = self.out[i]
             if v.kind not in VIEW_KINDS or self.readers.get(u) != 1:
                 return None
-            under = self._carried(v.input_uids(), at)  # (a chain of views moves whole)
-            if under is None:
-                return None
-            views += [*under, i]
-        return sorted(set(views))
+            views.add(i)
+            todo.extend(v.input_uids())
+        return sorted(views)
 
     def _move(self, n: Node, target: int, views: list[int]) -> None:
         for view in reversed([self._take(i) for i in reversed(views)]):  # (in their order)

@@ -254,3 +254,39 @@ def test_a_long_chain_of_views_is_placed_without_recursion():
     g.exp(y, name="last").set_output(True)
     names = _order(g)
     assert names[0] == "unrelated" and names[1:] == [f"r{i}" for i in range(2000)] + ["last"]
+
+
+def test_an_epilogue_read_through_views_moves_up_with_them(rng):
+    """The query and key projections recorded together, then each one's rotary embedding, read through the
+    product's views (split into heads, transposed, sliced; one view chain a reader): each embedding's ops and
+    views move up to their projection, so that its kernel can take them; values unchanged."""
+    from ..engines.test_triton_concat import _rotary
+
+    g = og.Graph("rope", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[2, 4, 8], name="x")
+    cos, sin = (g.tensor(dim=[1, 1, 4, 4], name=n) for n in ("cos", "sin"))
+    q = g.matmul(x, g.tensor(dim=[1, 8, 8], name="wq"), name="q_proj").set_dim([2, 4, 8]).set_data_type(DT.FLOAT)
+    k = g.matmul(x, g.tensor(dim=[1, 8, 4], name="wk"), name="k_proj").set_dim([2, 4, 4]).set_data_type(DT.FLOAT)
+    _rotary(g, q, cos, sin, 2, 4, DT.FLOAT).set_output(True)
+    _rotary(g, k, cos, sin, 1, 4, DT.FLOAT).set_output(True)
+    final = g.final
+    kinds = [n.kind for n in final.nodes]
+    products = [i for i, kind in enumerate(kinds) if kind == "matmul"]
+    assert products[1] > products[0] + 1, kinds  # (the queries' embedding between the two projections)
+    between = kinds[products[0] + 1 : products[1]]
+    assert "concatenate" in between and "slice" in between and between.count("pointwise") >= 4, kinds
+    _values_hold(g, rng)
+
+
+def test_an_epilogue_at_the_end_of_a_long_chain_of_views_moves_without_recursion():
+    """A product read through 2,000 reshapes by one op recorded after an unrelated op: the op and its chain
+    move up to the product, walked without recursion."""
+    g = og.Graph("gemm_chain", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4, 6], name="x")
+    y = g.matmul(x, g.tensor(dim=[6, 6], name="w"), name="product")
+    g.exp(g.tensor(dim=[3], name="other"), name="unrelated").set_output(True)
+    for i in range(2000):
+        y = g.reshape(y, [6, 4] if i % 2 == 0 else [4, 6], name=f"r{i}")
+    g.exp(y, name="last").set_output(True)
+    names = _order(g)
+    assert names.index("last") < names.index("unrelated"), names[:4]
