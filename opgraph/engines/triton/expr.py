@@ -580,6 +580,18 @@ class Emitter:
             self.exact_bf16.add(out)
         return True
 
+    def moved(self, uid: int, value: str, sources: tuple[int, ...]) -> None:
+        """Make `value`, which only moves the values of `sources` (a slice of one, two joined), the value of
+        tensor uid: rounded again only where uid's type is not theirs (each value is already of its type)."""
+        if any(self.tensors[u].data_type is not self.tensors[uid].data_type for u in sources):
+            self.assign(uid, value)
+            return
+        name = f"v{uid}{self.suffix}"
+        self.lines.append(f"{name} = {value}")
+        self.values[uid] = name
+        if all(u in self.exact_bf16 for u in sources):
+            self.exact_bf16.add(uid)
+
     def assign(self, uid: int, value: str, typ: str | None = None) -> None:
         """Make `value` (of type `typ`, default the compute type) the value v{uid} of tensor uid,
         rounded to the tensor's declared type."""

@@ -328,7 +328,7 @@ def emit_half(em: Emitter, node: Node, space: OutputSpace, width: str) -> None:
     (2, D / 2), its halves split off as [BLOCK_M, heads, D / 2] values and joined back the same way
     (bench/results/constants.md#rotate-half-in-a-gemm-epilogue: register renaming on sm_90a)."""
     head = space.dims[space.cols[-1]]
-    ins = node.input_uids()
+    ins, out = node.input_uids(), node.output_uids()[0]
     if node.kind == "slice":
         name = f"hv{ins[0]}"
         split = f"{name}_lo, {name}_hi = "
@@ -338,24 +338,10 @@ def emit_half(em: Emitter, node: Node, space: OutputSpace, width: str) -> None:
                 f"(BLOCK_M, {width} // {head}, 2, {head // 2})), (0, 1, 3, 2)))"
             )
         start = node.op.slices[space.cols[-1]][0]  # type: ignore[attr-defined]
-        _moved(em, node, f"{name}_hi" if start else f"{name}_lo")
+        em.moved(out, f"{name}_hi" if start else f"{name}_lo", ins)
         return
     a, b = (em.values[u] for u in ins)
-    _moved(em, node, f"tl.reshape(tl.permute(tl.join({a}, {b}), (0, 1, 3, 2)), (BLOCK_M, {width}))")
-
-
-def _moved(em: Emitter, node: Node, value: str) -> None:
-    """Node's result as `value`, which only moves its inputs' values (each already of its type): rounded again
-    only where the result's type is another."""
-    ins, out = node.input_uids(), node.output_uids()[0]
-    if any(em.tensors[u].data_type is not em.tensors[out].data_type for u in ins):
-        em.assign(out, value)
-        return
-    name = f"v{out}{em.suffix}"
-    em.lines.append(f"{name} = {value}")
-    em.values[out] = name
-    if all(u in em.exact_bf16 for u in ins):
-        em.exact_bf16.add(out)
+    em.moved(out, f"tl.reshape(tl.permute(tl.join({a}, {b}), (0, 1, 3, 2)), (BLOCK_M, {width}))", ins)
 
 
 def _loaded(expr: str) -> Callable[[TensorDesc], str]:

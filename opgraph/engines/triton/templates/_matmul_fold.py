@@ -31,7 +31,7 @@ from ....core.tensor import TensorDesc
 from ....ops.layout import Reshape, Slice, Transpose
 from ..sizes import symbolic_piece
 
-__all__ = ["a_chain", "b_chains", "dropped", "fold_rows", "merged_rows", "overlaid", "view_without"]
+__all__ = ["BChain", "a_chain", "b_chains", "b_unbatched", "fold_rows", "merged_rows", "overlaid"]
 
 
 class _Overlay(Mapping[int, TensorDesc]):
@@ -124,7 +124,7 @@ _FOLDING_KINDS = ("pointwise", "reduction")  # (genstats sums per channel, axis 
 
 
 @dataclasses.dataclass(frozen=True)
-class _BChain:
+class BChain:
     """The piece's views that make B, read from B up: `views` all of them (ids); `at_rank` those at the
     product's rank, whose attributes lose the folded axes (up to and with a reshape adding unit axes);
     `side` B and the tensors those views other than the reshape read (their folded axes are dropped);
@@ -136,7 +136,7 @@ class _BChain:
     unbatched: frozenset[int]
 
 
-def b_chains(piece: Piece, mains: list[Node]) -> _BChain | None:
+def b_chains(piece: Piece, mains: list[Node]) -> BChain | None:
     """The B chains of every product of the piece (one, or one with its siblings) as one."""
     found = []
     for main in mains:
@@ -145,12 +145,12 @@ def b_chains(piece: Piece, mains: list[Node]) -> _BChain | None:
         if chain is None:
             return None
         found.append(chain)
-    return _BChain(
+    return BChain(
         *(frozenset().union(*(getattr(c, f) for c in found)) for f in ("views", "at_rank", "side", "unbatched"))
     )
 
 
-def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
+def _b_chain(piece: Piece, b_uid: int) -> BChain | None:
     """B's chain of transposes and slices read in place from memory, and a reshape giving a matrix leading
     unit axes (a weight broadcast over a batch, as PyTorch's matmul does for [B, S, K] @ [K, N]); empty
     where B is an input, None where something else makes it."""
@@ -172,7 +172,7 @@ def _b_chain(piece: Piece, b_uid: int) -> _BChain | None:
         (unbatched if below or reshape else side).update(sources)
         below = below or reshape
         u = sources[0]
-    return _BChain(frozenset(views), frozenset(at_rank), frozenset(side), frozenset(unbatched))
+    return BChain(frozenset(views), frozenset(at_rank), frozenset(side), frozenset(unbatched))
 
 
 def a_chain(piece: Piece, a_uid: int) -> tuple[frozenset[int], Node | None, frozenset[int]]:
@@ -220,12 +220,12 @@ def _leading_ones(node: Node, piece: Piece) -> int | None:
     return added
 
 
-def dropped(t: TensorDesc, drop: range) -> TensorDesc:
+def _dropped(t: TensorDesc, drop: range) -> TensorDesc:
     keep = [i for i in range(len(t.dim)) if i not in drop]
     return dataclasses.replace(t, dim=tuple(t.dim[i] for i in keep), stride=tuple(t.stride[i] for i in keep))
 
 
-def view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | None:
+def _view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | None:
     """A transpose or slice of B's chain with axes `drop` (all of size 1, kept in place) left out of its
     attributes, or a reshape adding unit axes with fewer of them; None where the view moves them."""
     op = node.op
@@ -249,6 +249,28 @@ def view_without(node: Node, drop: range, rank: int, piece: Piece) -> Node | Non
     return dataclasses.replace(node, op=op)
 
 
+def b_unbatched(
+    piece: Piece, chain: BChain, drop: range, rank: int
+) -> tuple[dict[int, TensorDesc], dict[int, Node]] | None:
+    """B's chain with its batch axes `drop` (all of one element) left out: the descriptions of the tensors B
+    is made from and the chain's views at the product's rank rewritten without those axes; None where a
+    view moves them or a tensor has them larger than one."""
+    replaced: dict[int, Node] = {}
+    for n in piece.nodes:
+        if id(n) in chain.at_rank:
+            kept = _view_without(n, drop, rank, piece)
+            if kept is None:
+                return None
+            replaced[id(n)] = kept
+    new: dict[int, TensorDesc] = {}
+    for u in chain.side:
+        t = piece.graph.tensors[u]
+        if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
+            return None
+        new[u] = _dropped(t, drop)
+    return new, replaced
+
+
 def _folded(piece: Piece, lo: int) -> Piece | None:
     """The piece with axes lo..M of its tensors merged (B's lo..K-1 dropped, and so the tensors and views
     that make it), where every tensor allows it."""
@@ -262,14 +284,10 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
     chain = b_chains(piece, mains)
     assert chain is not None  # (_fold_axis)
     views, b_side = chain.views, chain.side
-    replaced: dict[int, Node] = {}
-    for n in piece.nodes:
-        if id(n) in chain.at_rank:
-            kept = view_without(n, drop, rank, piece)
-            if kept is None:
-                return None
-            replaced[id(n)] = kept
-    new: dict[int, TensorDesc] = {}
+    found = b_unbatched(piece, chain, drop, rank)
+    if found is None:
+        return None
+    new, replaced = found
     unbatched = set(chain.unbatched)
     _, a_reshape, a_before = a_chain(piece, mains[0].input("A"))  # type: ignore[arg-type]
     unbatched |= a_before
@@ -283,10 +301,7 @@ def _folded(piece: Piece, lo: int) -> Piece | None:
             unbatched.update(n.input_uids())
     for u in {u for n in piece.nodes for u in (*n.input_uids(), *n.output_uids())} - unbatched:
         t = graph.tensors[u]
-        if u in b_side:
-            if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
-                return None
-            new[u] = dropped(t, drop)
+        if u in b_side:  # (described by b_unbatched)
             continue
         if len(t.dim) != rank:
             if t.numel == 1:  # (a one-element operand broadcasts at any rank)

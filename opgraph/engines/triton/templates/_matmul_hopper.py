@@ -120,8 +120,6 @@ def tma_storable(gp: GemmPiece, t: TensorDesc, uid: int, int_acc: bool = False) 
     tile's space (a split space's packed output as its matrix: `as_matrix`), rows contiguous, 16-byte aligned
     rows, a float type, not a view, not an integer product's exact result (`int_acc`)."""
     t = as_matrix(gp, t)
-    if gp.space.cols and len(t.dim) != 2:
-        return False
     size = t.data_type.itemsize
     return not (
         t.data_type not in STORED_TYPES

@@ -25,7 +25,7 @@ from ....core.piece import Piece
 from ....core.tensor import TensorDesc
 from ....ops.layout import VIEW_KINDS, Concatenate, Reshape, Slice
 from ....ops.pointwise import Pointwise, PointwiseMode
-from ._matmul_fold import a_chain, b_chains, dropped, merged_rows, overlaid, view_without
+from ._matmul_fold import a_chain, b_chains, b_unbatched, merged_rows, overlaid
 
 __all__ = ["split_columns"]
 
@@ -60,20 +60,10 @@ def split_columns(piece: Piece) -> Piece | None:
     operands = {a_uid, *chain.side, *(n.input("B") for n in mains)}
     if any(operands & set(n.input_uids()) for n in piece.nodes if n.kind != "matmul" and id(n) not in chain.views):
         return None  # (an epilogue op reading A or B would index their merged matrices in the split space)
-    new: dict[int, TensorDesc] = {}
-    replaced: dict[int, Node] = {}
-    drop = range(0, rank - 2)
-    for n in piece.nodes:  # B's chain: its batch axes dropped (all of one element)
-        if id(n) in chain.at_rank:
-            kept = view_without(n, drop, rank, piece)
-            if kept is None:
-                return None
-            replaced[id(n)] = kept
-    for u in chain.side:
-        t = tensors[u]
-        if len(t.dim) != rank or any(t.dim[i] != 1 for i in drop):
-            return None
-        new[u] = dropped(t, drop)
+    found = b_unbatched(piece, chain, range(0, rank - 2), rank)  # (B's batch axes dropped, as folding does)
+    if found is None:
+        return None
+    new, replaced = found
     a = tensors[a_uid]
     if len(a.dim) != rank:
         return None
