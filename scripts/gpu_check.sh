@@ -4,15 +4,18 @@
 # SHARD=i/n runs the i-th of n shards of the GPU tier's test files (every n-th file, from i = 0), for a tier
 # longer than one call (2026-12-02: the whole tier passed 440 s on an H200 at 16 workers), and
 # BENCH=0 leaves the benchmark out.
-# Carry .whl/ with the cuDNN frontend wheel. Results under $OUT: gpu_tests.log (one line per test),
-# attention_bench.json and its log.
+# Carry .whl/ with the wheels the device image lacks: the cuDNN frontend's and jsonschema's (jsonschema,
+# jsonschema-specifications, referencing, rpds-py; without them every plan-file test fails on the import).
+# Results under $OUT: gpu_tests.log (one line per test), attention_bench.json and its log.
 set -uo pipefail
 OUT=${OUT:-/tmp/opgraph-gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" OPGRAPH_CACHE_DIR=/tmp/opgraph-cache
-if ls .whl/nvidia_cudnn_frontend*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl \
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+python3 -c "import jsonschema" || echo "jsonschema is missing: the plan-file tests will fail (carry its wheels)"
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" | tee -a "$OUT/env.txt"
 python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__)" 2>&1 | tail -1 | tee -a "$OUT/env.txt"

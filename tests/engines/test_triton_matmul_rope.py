@@ -125,6 +125,16 @@ def test_the_llama_query_projection_with_its_rotary_embedding_on_the_gpu(rng):
     assert len(plan.steps) == 1, plan.describe()
 
 
+@requires_cuda
+@pytest.mark.gpu
+def test_the_llama_key_and_value_projections_with_the_keys_rotary_embedding_on_the_gpu(rng):
+    """Keys of 4 heads of 64 and the values' product beside them (the build's sibling merge), bf16, on the GPU:
+    one kernel, both outputs by the relative L2 error (the keys' bf16 rounding before the RoPE, as above)."""
+    g = _projected(DT.BFLOAT16, b=2, s=256, k=256, heads=4, dim=64, positions=2, sibling=True)
+    plan = assert_engine_close_l2(g, rng, max_rel_l2=1e-2)
+    assert len(plan.steps) == 1, plan.describe()
+
+
 def test_the_split_piece_reads_a_from_memory():
     """A prologue (a cast of A) keeps the piece unsplit: the split space reads A's rows merged, in place."""
     dt = DT.FLOAT
