@@ -5,6 +5,7 @@ memory and pipelining of the benchmark shapes' kernels."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     from opgraph.core.piece import Piece, make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
-    from opgraph.engines.triton.rewrite import fp8_fill
+    from opgraph.engines.triton.rewrite import fp8_fill, overlapped
     from opgraph.engines.triton.templates import discover
     from opgraph.engines.triton.tma_desc import signature_type
 
@@ -118,6 +119,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         for k in knobs:
             # (the engine's rewrite of fp8 masked loads, as TritonEngine applies it to every generated piece)
             gen = fp8_fill(generate(t, piece, dict(k), device), {u: d.data_type for u, d in final.tensors.items()})
+            gen = overlapped(gen)  # (as TritonEngine.generated gives Hopper's kernels: bound.overlaps_launches)
             loaded = load_module(gen.source, interpret=False)
             for launch in gen.launches:
                 fn = getattr(loaded, launch.kernel)
@@ -219,10 +221,24 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                     wgmma_fp8,
                     "setmaxnreg",  # (a warp-specialized kernel's partitions resize their registers)
                     ptx.count("setmaxnreg"),
+                    "gdc.wait",  # (rewrite.overlapped: the wait for the previous kernel, before any access)
+                    ptx.count("griddepcontrol.wait"),
+                    "gdc.first",
+                    int(_waits_first(ptx)),
                     "warps",
                     ck.metadata.num_warps,
                     k,
                 )
+
+
+_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global\b|\bcp\.async\b|\bcp\.reduce\.async\b")
+
+
+def _waits_first(ptx: str) -> bool:
+    """Whether griddepcontrol.wait comes before the PTX's first global memory access (in text order)."""
+    wait = ptx.find("griddepcontrol.wait")
+    access = _ACCESS.search(ptx)
+    return wait >= 0 and (access is None or wait < access.start())
 
 
 def attention_smem(module: str, output: str) -> list[tuple[str, str, int, int]]:

@@ -30,13 +30,13 @@ from ..base import Binding, Compiler, Engine, EngineFacts, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
 from . import compiler, tma_desc
-from .bound import InterpretedLauncher, TritonLauncher
+from .bound import InterpretedLauncher, TritonLauncher, overlaps_launches
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
 from .knobs import Knobs
 from .launch import Launcher, grid3
 from .loader import load_module, module_file, module_name
-from .rewrite import fp8_fill, typed_scalars
+from .rewrite import fp8_fill, overlapped, typed_scalars
 from .sizes import divides
 from .templates import discover
 from .templates.base import Arg, ArgKind, Generated, Match, Template, host_scalar
@@ -565,7 +565,8 @@ class TritonEngine(Engine):
             if (matches := _SESSION.get()) is not None:
                 matches.generated[matches.generated_key(piece, config, device)] = (piece, raw)
         generated = fp8_fill(raw, {u: t.data_type for u, t in piece.graph.tensors.items()})
-        return typed_scalars(make_indirect(generated, table_slots(piece.graph)))
+        generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
+        return overlapped(generated) if overlaps_launches(device) else generated
 
     @staticmethod
     def _generated_like(piece: Piece, config: EngineConfig, device: Device) -> Generated | None:

@@ -26,12 +26,22 @@ from ...memory.addresses import TABLE_KEY
 from ..base import Binding, Launcher
 from . import compiler, native, tma_desc
 from .interpret import interpreting_here
+from .rewrite import OVERLAP
 from .templates.base import host_scalar
 
 
 def launch_mode() -> str:
     mode = os.environ.get("OPGRAPH_LAUNCH", "native")
     return mode if mode in ("native", "jit") else "native"
+
+
+def overlaps_launches(device: Any) -> bool:
+    """Whether kernels generated for `device` are launched overlapping their predecessor's end
+    (programmatic dependent launch: compute capability 9.0 and newer; OPGRAPH_LAUNCH_OVERLAP=0 turns it
+    off, e.g. to measure what it gains)."""
+    if os.environ.get("OPGRAPH_LAUNCH_OVERLAP", "1").strip() in ("0", "off", "no", "false"):
+        return False
+    return bool(device.is_cuda and device.capability and tuple(device.capability) >= (9, 0))
 
 
 class _JitLaunch:
@@ -134,6 +144,7 @@ class TritonLauncher(Launcher):
                 types,
                 self.binding.stream.c,
                 global_scratch,
+                overlap=OVERLAP in self.kernel.generated.notes,
             )
             for ai, v in enumerate(values):
                 if ai in descs:

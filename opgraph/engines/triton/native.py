@@ -16,6 +16,12 @@ kinds of slots: its 128-byte CUtensorMap, then its shape and strides (tma_desc.p
 encoded). Kernels that need what this launcher does not do (clusters, cooperative or PDL launches,
 descriptors it cannot encode, profile scratch) say so in `unsupported`, and the caller launches them
 through Triton instead.
+
+A kernel that waits for its predecessor (rewrite.overlapped) is launched by `cuLaunchKernelEx` with
+programmatic stream serialization allowed: the driver may launch it once every program of the kernel
+before it has signalled (each does so first thing), so its launch and its programs' start overlap that
+kernel's last wave; its programs then wait for that kernel's end and memory. A stream capture records the
+same as a programmatic edge of the CUDA graph.
 """
 
 from __future__ import annotations
@@ -37,6 +43,30 @@ CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 CU_FUNC_CACHE_PREFER_SHARED = 2
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, then a 64-byte union of values (8-byte aligned)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuLaunchKernelEx's first argument)."""
+
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
 
 
 class _Driver:
@@ -45,6 +75,9 @@ class _Driver:
         self.lib = lib
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
+        self.launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # (CUDA 11.8+ drivers)
+        if self.launch_ex is not None:
+            self.launch_ex.restype = ctypes.c_int
         for name in (
             "cuInit",
             "cuModuleLoadData",
@@ -272,6 +305,7 @@ class NativeLaunch:
         types: tuple[str, ...] | list[str],
         stream_c: ctypes.c_void_p,
         global_scratch: int = 0,
+        overlap: bool = False,
     ) -> None:
         self.types = types = tuple(types)
         self.index, layout, n = _layout(types)
@@ -294,7 +328,10 @@ class NativeLaunch:
         # (plain ints: cuLaunchKernel's unsigned sizes fit a C int)
         self.args = (fn, gx, gy, gz, 32 * num_warps, 1, 1, shared, stream_c, self.params, None)
         self.empty = gx * gy * gz == 0
-        self.call = (driver().launch, self.args) if not self.empty else (_nothing, ())
+        self.call: tuple[Any, tuple[Any, ...]] = (driver().launch, self.args) if not self.empty else (_nothing, ())
+        if overlap and not self.empty and driver().launch_ex is not None:
+            self.config = overlapping_config(grid, num_warps, shared)
+            self.call = (_launch_overlapped, (self.config, stream_c, fn, self.params))
 
     def set(self, i: int, value: Any) -> None:
         word = self.words[self.index[i]]
@@ -318,3 +355,16 @@ class NativeLaunch:
 
 def _nothing() -> None:
     return None
+
+
+def overlapping_config(grid: tuple[int, int, int], num_warps: int, shared: int) -> LaunchConfig:
+    """A launch's CUlaunchConfig with programmatic stream serialization allowed (its stream set per call)."""
+    attribute = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    config = LaunchConfig(*grid, 32 * num_warps, 1, 1, shared, None, ctypes.pointer(attribute), 1)
+    config._attribute = attribute  # (kept alive with the config)
+    return config
+
+
+def _launch_overlapped(config: LaunchConfig, stream: ctypes.c_void_p, fn: ctypes.c_void_p, params: Any) -> int:
+    config.hStream = stream.value
+    return int(_DRIVER.launch_ex(ctypes.byref(config), fn, params, None))

@@ -5,7 +5,11 @@ generated (templates name buffer parameters p{uid} and pass launch arguments pos
   its precision (Triton types a Python float argument fp32); kernels convert it to their compute type;
   an int64 one (Arg dtype "int64": a Philox seed) `tl.int64`, so no value passes through a float;
 - `fp8_fill`: masked loads of fp8 buffers fill masked-off lanes with an fp8 zero (`other=0` would
-  be an int -> fp8 cast, which Triton refuses on the GPU and in its interpreter).
+  be an int -> fp8 cast, which Triton refuses on the GPU and in its interpreter);
+- `overlapped`: every launched kernel first waits for the kernel before it in the stream to finish
+  (`gdc_wait`), then lets the next one launch (`gdc_launch_dependents`): launched with programmatic
+  dependent launch (native.py), a kernel's launch and start overlap its predecessor's last wave
+  (Hopper and newer; where it is launched plainly both instructions do nothing).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import replace
 from ...core.dtypes import DataType
 from .templates.base import Generated
 
+OVERLAP = "launch_overlap"  # Generated.notes: the kernels wait for their predecessor (`overlapped`)
+_WAIT = ("tl.extra.cuda.gdc_wait()", "tl.extra.cuda.gdc_launch_dependents()")
 _SCALAR_TYPE = {"int64": "tl.int64"}  # a SCALAR Arg's dtype -> its parameter's annotation (else tl.float64)
 _FP8 = {DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5"}
 
@@ -78,3 +84,26 @@ def fp8_fill(generated: Generated, types: Mapping[int, DataType]) -> Generated:
     if not changed:
         return generated
     return replace(generated, source=ast.unparse(tree) + "\n")
+
+
+def overlapped(generated: Generated) -> Generated:
+    """Each launched kernel's body begins with the wait for the previous kernel in the stream, before any
+    memory access (its reads of what that kernel wrote, and its writes of what it reads), then the signal
+    that the next kernel may launch: the two statements a programmatic dependent launch needs. Triton
+    kernels only (a Gluon module is left as it is, and launched plainly)."""
+    if "_OG_GLUON" in generated.source or not generated.launches:
+        return generated
+    lines = generated.source.splitlines()
+    functions = _functions(generated.source)
+    starts = set()
+    for launch in generated.launches:
+        body = functions[launch.kernel].body
+        first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
+        starts.add((first.lineno, first.col_offset))
+    for line, col in sorted(starts, reverse=True):
+        lines[line - 1 : line - 1] = [" " * col + statement for statement in _WAIT]
+    return replace(generated, source="\n".join(lines) + "\n", notes=generated.notes | {OVERLAP})
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
