@@ -66,9 +66,9 @@ def test_a_kernel_launched_twice_waits_once():
     assert overlapped(twice).source.count("gdc_wait") == 1
 
 
-def test_gluon_modules_and_kernel_less_modules_are_left_alone():
-    gluon = _generated(_SOURCE + "_OG_GLUON = True\n")
-    assert overlapped(gluon) is gluon
+def test_a_gluon_module_waits_in_tritons_language_and_a_module_without_launches_is_left_alone():
+    gluon = overlapped(_generated(_SOURCE + "_OG_GLUON = True\n"))
+    assert gluon.source.count("_og_tl.extra.cuda.gdc_wait()") == 2
     empty = Generated(_SOURCE, ())
     assert overlapped(empty) is empty
 
@@ -115,7 +115,7 @@ def _chain() -> og.Graph:
 
 HOPPER_CASES = {
     "pointwise": (lambda: _one(lambda g, x: g.exp(x)), "pointwise", None),
-    "matmul": (lambda: _product(), "matmul", 1),  # (the persistent TMA kernel; a WS=1 one is Gluon's, left alone)
+    "matmul": (lambda: _product(), "matmul", 2),  # the persistent TMA kernel and the WS=1 one (Gluon's)
 }
 
 

@@ -22,7 +22,7 @@ from ...core.dtypes import DataType
 from .templates.base import Generated
 
 OVERLAP = "launch_overlap"  # Generated.notes: the kernels wait for their predecessor (`overlapped`)
-_WAIT = ("tl.extra.cuda.gdc_wait()", "tl.extra.cuda.gdc_launch_dependents()")
+_WAIT = ("extra.cuda.gdc_wait()", "extra.cuda.gdc_launch_dependents()")  # (after Triton's language module)
 _SCALAR_TYPE = {"int64": "tl.int64"}  # a SCALAR Arg's dtype -> its parameter's annotation (else tl.float64)
 _FP8 = {DataType.FP8_E4M3: "tl.float8e4nv", DataType.FP8_E5M2: "tl.float8e5"}
 
@@ -90,9 +90,10 @@ def overlapped(generated: Generated) -> Generated:
     """Each launched kernel's body begins with the wait for the previous kernel in the stream, before any
     memory access (its reads of what that kernel wrote, and its writes of what it reads), then the signal
     that the next kernel may launch: the two statements a programmatic dependent launch needs. Triton
-    kernels only (a Gluon module is left as it is, and launched plainly)."""
-    if "_OG_GLUON" in generated.source or not generated.launches:
+    kernels and Gluon's alike (in a Gluon module Triton's language is `_og_tl`: gluon_prelude.py)."""
+    if not generated.launches:
         return generated
+    language = "_og_tl." if "_OG_GLUON = True" in generated.source else "tl."
     lines = generated.source.splitlines()
     functions = _functions(generated.source)
     starts = set()
@@ -101,7 +102,7 @@ def overlapped(generated: Generated) -> Generated:
         first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
         starts.add((first.lineno, first.col_offset))
     for line, col in sorted(starts, reverse=True):
-        lines[line - 1 : line - 1] = [" " * col + statement for statement in _WAIT]
+        lines[line - 1 : line - 1] = [" " * col + language + statement for statement in _WAIT]
     return replace(generated, source="\n".join(lines) + "\n", notes=generated.notes | {OVERLAP})
 
 
