@@ -60,6 +60,16 @@ def test_every_launched_kernel_waits_first_and_helpers_do_not():
     assert "gdc" not in ast.unparse(functions["_og_helper"])
 
 
+def test_the_overlap_is_undone_for_plan_files():
+    """A plan file's source hash is taken without the waits (rewrite.without_overlap)."""
+    from opgraph.engines.triton.rewrite import without_overlap
+
+    g = _generated()
+    assert without_overlap(overlapped(g).source) == g.source
+    gluon = _generated(_SOURCE + "_OG_GLUON = True\n")
+    assert without_overlap(overlapped(gluon).source) == gluon.source
+
+
 def test_a_kernel_launched_twice_waits_once():
     g = _generated()
     twice = Generated(g.source, (g.launches[0], g.launches[0]))

@@ -36,7 +36,7 @@ from .interpret import interpreting_here, triton_imported_interpreting
 from .knobs import Knobs
 from .launch import Launcher, grid3
 from .loader import load_module, module_file, module_name
-from .rewrite import fp8_fill, overlapped, typed_scalars
+from .rewrite import fp8_fill, overlapped, typed_scalars, without_overlap
 from .sizes import divides
 from .templates import discover
 from .templates.base import Arg, ArgKind, Generated, Match, Template, host_scalar
@@ -167,8 +167,10 @@ class TritonKernel(Kernel):
     def source_digest(self) -> str:
         """The source's hash up to its kernels' parameter and local names: a build gives a piece identical to an
         earlier one (a model's repeated layer, a view copied twice) that piece's text, its parameters named after
-        the other's tensors (`_generated_like`), which a plan file's loading regenerates under its own."""
-        return hashlib.sha256(compiler.alpha_renamed(self.generated.source).encode()).hexdigest()
+        the other's tensors (`_generated_like`), which a plan file's loading regenerates under its own; and up to
+        the launch overlap's statements (a plan saved with OPGRAPH_LAUNCH_OVERLAP on loads with it off, and back:
+        its binaries are matched by their own source, so the waits and the launches agree either way)."""
+        return hashlib.sha256(compiler.alpha_renamed(without_overlap(self.generated.source)).encode()).hexdigest()
 
     # -- ahead-of-time compilation ----------------------------------------------------------------
     def _arg_type(self, arg: Arg, gluon: bool = False) -> str:

@@ -106,5 +106,14 @@ def overlapped(generated: Generated) -> Generated:
     return replace(generated, source="\n".join(lines) + "\n", notes=generated.notes | {OVERLAP})
 
 
+def without_overlap(source: str) -> str:
+    """The source as it was before `overlapped`."""
+    if "gdc_wait()" not in source:
+        return source
+    return "\n".join(
+        line for line in source.split("\n") if not line.strip().endswith(_WAIT) or "extra.cuda.gdc" not in line
+    )
+
+
 def _is_docstring(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
