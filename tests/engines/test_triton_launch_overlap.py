@@ -15,7 +15,7 @@ import opgraph as og
 from opgraph.core.device import Device
 from opgraph.engines.triton import native
 from opgraph.engines.triton.bound import overlaps_launches
-from opgraph.engines.triton.rewrite import OVERLAP, overlapped
+from opgraph.engines.triton.rewrite import GLUON_OVERLAP, OVERLAP, overlapped
 from opgraph.engines.triton.templates.base import Generated, Launch
 
 from ..helpers import assert_engine_matches, requires_cuda
@@ -67,7 +67,7 @@ def test_the_overlap_is_undone_for_plan_files():
     g = _generated()
     assert without_overlap(overlapped(g).source) == g.source
     gluon = _generated(_SOURCE + "_OG_GLUON = True\n")
-    assert without_overlap(overlapped(gluon).source) == gluon.source
+    assert without_overlap(overlapped(gluon, gluon=True).source) == gluon.source
 
 
 def test_a_kernel_launched_twice_waits_once():
@@ -77,7 +77,9 @@ def test_a_kernel_launched_twice_waits_once():
 
 
 def test_a_gluon_module_waits_in_tritons_language_and_a_module_without_launches_is_left_alone():
-    gluon = overlapped(_generated(_SOURCE + "_OG_GLUON = True\n"))
+    plain = _generated(_SOURCE + "_OG_GLUON = True\n")
+    assert overlapped(plain) is plain  # (GLUON_OVERLAP: not yet run overlapped on a GPU)
+    gluon = overlapped(plain, gluon=True)
     assert gluon.source.count("_og_tl.extra.cuda.gdc_wait()") == 2
     empty = Generated(_SOURCE, ())
     assert overlapped(empty) is empty
@@ -143,14 +145,17 @@ def _product():
 
 
 def test_kernels_wait_before_any_global_access_on_hopper():
-    """Compiled for sm_90a: each kernel has the wait, before its first global load, store or copy."""
+    """Compiled for sm_90a: each kernel has the wait, before its first global load, store or copy (Gluon's
+    too with rewrite.GLUON_OVERLAP: checked on 2026-12-02 with it on, not yet run on a GPU so)."""
     from .hopper_compile import compile_for_hopper
 
     out = compile_for_hopper(__name__)
     lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     assert {w[1] for w in lines} == set(HOPPER_CASES), out
     for w in lines:
-        assert w[w.index("gdc.wait") + 1] == "1" and w[w.index("gdc.first") + 1] == "1", w
+        waits = (w[w.index("gdc.wait") + 1], w[w.index("gdc.first") + 1])
+        gluon = "'WS': 1" in " ".join(w)  # (rewrite.GLUON_OVERLAP: launched plainly for now)
+        assert waits == (("1", "1") if not gluon or GLUON_OVERLAP else ("0", "0")), w
 
 
 @requires_cuda
