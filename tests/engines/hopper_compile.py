@@ -94,6 +94,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
     from opgraph.core.piece import Piece, make_piece
     from opgraph.engines.triton import generate
     from opgraph.engines.triton.loader import load_module
+    from opgraph.engines.triton.bound import overlap_mode
     from opgraph.engines.triton.rewrite import fp8_fill, overlapped
     from opgraph.engines.triton.templates import discover
     from opgraph.engines.triton.tma_desc import signature_type
@@ -104,6 +105,7 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         GluonASTSource = None
 
     device = Device("cuda", 0, gpu, (9, 0), 132)
+    overlap = overlap_mode(device)
     templates = {t.name: t for t in discover()}
     ptxas = get_ptxas(90)
     ptxas = getattr(ptxas, "path", ptxas)
@@ -119,7 +121,8 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
         for k in knobs:
             # (the engine's rewrite of fp8 masked loads, as TritonEngine applies it to every generated piece)
             gen = fp8_fill(generate(t, piece, dict(k), device), {u: d.data_type for u, d in final.tensors.items()})
-            gen = overlapped(gen)  # (as TritonEngine.generated gives Hopper's kernels: bound.overlaps_launches)
+            if overlap != "off":  # (as TritonEngine.generated gives Hopper's kernels)
+                gen = overlapped(gen, gluon=overlap == "all")
             loaded = load_module(gen.source, interpret=False)
             for launch in gen.launches:
                 fn = getattr(loaded, launch.kernel)

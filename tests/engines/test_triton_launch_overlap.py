@@ -14,8 +14,8 @@ import pytest
 import opgraph as og
 from opgraph.core.device import Device
 from opgraph.engines.triton import native
-from opgraph.engines.triton.bound import overlaps_launches
-from opgraph.engines.triton.rewrite import GLUON_OVERLAP, OVERLAP, overlapped
+from opgraph.engines.triton.bound import overlap_mode
+from opgraph.engines.triton.rewrite import OVERLAP, overlapped
 from opgraph.engines.triton.templates.base import Generated, Launch
 
 from ..helpers import assert_engine_matches, requires_cuda
@@ -78,7 +78,7 @@ def test_a_kernel_launched_twice_waits_once():
 
 def test_a_gluon_module_waits_in_tritons_language_and_a_module_without_launches_is_left_alone():
     plain = _generated(_SOURCE + "_OG_GLUON = True\n")
-    assert overlapped(plain) is plain  # (GLUON_OVERLAP: not yet run overlapped on a GPU)
+    assert overlapped(plain) is plain  # (bound.overlap_mode "all" only: not yet run overlapped on a GPU)
     gluon = overlapped(plain, gluon=True)
     assert gluon.source.count("_og_tl.extra.cuda.gdc_wait()") == 2
     empty = Generated(_SOURCE, ())
@@ -86,11 +86,13 @@ def test_a_gluon_module_waits_in_tritons_language_and_a_module_without_launches_
 
 
 def test_only_hopper_and_newer_overlap(monkeypatch):
-    assert overlaps_launches(H200)
-    assert not overlaps_launches(Device("cuda", 0, "A100", (8, 0), 108))
-    assert not overlaps_launches(Device("cpu"))
+    assert overlap_mode(H200) == "triton"
+    assert overlap_mode(Device("cuda", 0, "A100", (8, 0), 108)) == "off"
+    assert overlap_mode(Device("cpu")) == "off"
     monkeypatch.setenv("OPGRAPH_LAUNCH_OVERLAP", "0")
-    assert not overlaps_launches(H200)
+    assert overlap_mode(H200) == "off"
+    monkeypatch.setenv("OPGRAPH_LAUNCH_OVERLAP", "all")
+    assert overlap_mode(H200) == "all"
 
 
 def test_the_launch_config_has_the_drivers_layout():
@@ -144,18 +146,21 @@ def _product():
     return g
 
 
-def test_kernels_wait_before_any_global_access_on_hopper():
-    """Compiled for sm_90a: each kernel has the wait, before its first global load, store or copy (Gluon's
-    too with rewrite.GLUON_OVERLAP: checked on 2026-12-02 with it on, not yet run on a GPU so)."""
+@pytest.mark.parametrize("mode", ["triton", "all"])
+def test_kernels_wait_before_any_global_access_on_hopper(mode, monkeypatch):
+    """Compiled for sm_90a: each kernel has the wait, before its first global load, store or copy; Gluon's
+    (the WS=1 matmul) only where OPGRAPH_LAUNCH_OVERLAP=all."""
     from .hopper_compile import compile_for_hopper
 
+    monkeypatch.setenv("OPGRAPH_LAUNCH_OVERLAP", "1" if mode == "triton" else "all")
     out = compile_for_hopper(__name__)
     lines = [line.split() for line in out.splitlines() if line.startswith("compiled")]
     assert {w[1] for w in lines} == set(HOPPER_CASES), out
+    assert any("'WS': 1" in " ".join(w) for w in lines), out
     for w in lines:
         waits = (w[w.index("gdc.wait") + 1], w[w.index("gdc.first") + 1])
-        gluon = "'WS': 1" in " ".join(w)  # (rewrite.GLUON_OVERLAP: launched plainly for now)
-        assert waits == (("1", "1") if not gluon or GLUON_OVERLAP else ("0", "0")), w
+        gluon = "'WS': 1" in " ".join(w)
+        assert waits == (("0", "0") if gluon and mode == "triton" else ("1", "1")), w
 
 
 @requires_cuda

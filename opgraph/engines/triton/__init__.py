@@ -30,7 +30,7 @@ from ..base import Binding, Compiler, Engine, EngineFacts, Kernel
 from ..base import Launcher as BaseLauncher
 from ..cost import estimate_us
 from . import compiler, tma_desc
-from .bound import InterpretedLauncher, TritonLauncher, overlaps_launches
+from .bound import InterpretedLauncher, TritonLauncher, overlap_mode
 from .indirect import make_indirect
 from .interpret import interpreting_here, triton_imported_interpreting
 from .knobs import Knobs
@@ -568,7 +568,8 @@ class TritonEngine(Engine):
                 matches.generated[matches.generated_key(piece, config, device)] = (piece, raw)
         generated = fp8_fill(raw, {u: t.data_type for u, t in piece.graph.tensors.items()})
         generated = typed_scalars(make_indirect(generated, table_slots(piece.graph)))
-        return overlapped(generated) if overlaps_launches(device) else generated
+        overlap = overlap_mode(device)
+        return generated if overlap == "off" else overlapped(generated, gluon=overlap == "all")
 
     @staticmethod
     def _generated_like(piece: Piece, config: EngineConfig, device: Device) -> Generated | None:

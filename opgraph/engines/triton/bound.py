@@ -35,13 +35,17 @@ def launch_mode() -> str:
     return mode if mode in ("native", "jit") else "native"
 
 
-def overlaps_launches(device: Any) -> bool:
-    """Whether kernels generated for `device` are launched overlapping their predecessor's end
-    (programmatic dependent launch: compute capability 9.0 and newer; OPGRAPH_LAUNCH_OVERLAP=0 turns it
-    off, e.g. to measure what it gains)."""
-    if os.environ.get("OPGRAPH_LAUNCH_OVERLAP", "1").strip() in ("0", "off", "no", "false"):
-        return False
-    return bool(device.is_cuda and device.capability and tuple(device.capability) >= (9, 0))
+def overlap_mode(device: Any) -> str:
+    """Which kernels generated for `device` are launched overlapping their predecessor's end (programmatic
+    dependent launch, compute capability 9.0 and newer: rewrite.overlapped): "triton" (Triton's kernels; the
+    default), "all" (Gluon's too: their sm_90a code waits first, but they have not yet run so on a GPU) or
+    "off" (OPGRAPH_LAUNCH_OVERLAP=0, e.g. to measure what it gains)."""
+    value = os.environ.get("OPGRAPH_LAUNCH_OVERLAP", "1").strip().lower()
+    if value in ("0", "off", "no", "false") or not (device.is_cuda and device.capability):
+        return "off"
+    if tuple(device.capability) < (9, 0):
+        return "off"
+    return "all" if value == "all" else "triton"
 
 
 class _JitLaunch:

@@ -86,19 +86,14 @@ def fp8_fill(generated: Generated, types: Mapping[int, DataType]) -> Generated:
     return replace(generated, source=ast.unparse(tree) + "\n")
 
 
-# Gluon's kernels (the WS=1 matmul) compile for sm_90a with the wait before any access (the Hopper-compile test),
-# but have not run overlapped on a GPU yet: until test_triton_matmul_ws.py passes there with it, they launch plainly
-GLUON_OVERLAP = False
-
-
-def overlapped(generated: Generated, gluon: bool | None = None) -> Generated:
+def overlapped(generated: Generated, gluon: bool = False) -> Generated:
     """Each launched kernel's body begins with the wait for the previous kernel in the stream, before any
     memory access (its reads of what that kernel wrote, and its writes of what it reads), then the signal
     that the next kernel may launch: the two statements a programmatic dependent launch needs. Triton
-    kernels, and Gluon's where `gluon` (default GLUON_OVERLAP; in a Gluon module Triton's language is `_og_tl`:
+    kernels, and Gluon's where `gluon` (bound.overlap_mode; in a Gluon module Triton's language is `_og_tl`:
     gluon_prelude.py)."""
     is_gluon = "_OG_GLUON = True" in generated.source
-    if not generated.launches or (is_gluon and not (GLUON_OVERLAP if gluon is None else gluon)):
+    if not generated.launches or (is_gluon and not gluon):
         return generated
     language = "_og_tl." if is_gluon else "tl."
     lines = generated.source.splitlines()
