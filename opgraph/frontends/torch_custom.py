@@ -102,9 +102,10 @@ def custom_node(imp: Importer, node: Any, args: Args, reason: str) -> Any:
         if traced is None:
             try:
                 outs = call(tensors)
-            except (RuntimeError, TypeError, NotImplementedError):
-                # an op that takes only its traced types (torch._scaled_mm: fp8 operands, fp32 scales) runs in
-                # them from then on; the values came from those types, so the conversion back is exact
+            except (RuntimeError, TypeError, ValueError, NotImplementedError):
+                # an op that takes only its traced types (torch._scaled_mm: fp8 operands, fp32 scales; PyTorch
+                # 2.13 refuses others with a ValueError) runs in them from then on; the values came from those
+                # types, so the conversion back is exact
                 typed.append(True)
                 traced = [t.to(dtype) for t, (_, dtype) in zip(tensors, in_meta)]
         if traced is not None:

@@ -96,7 +96,7 @@ def overlapped(generated: Generated, gluon: bool = False) -> Generated:
     if not generated.launches or (is_gluon and not gluon):
         return generated
     language = "_og_tl." if is_gluon else "tl."
-    lines = generated.source.splitlines()
+    lines = generated.source.split("\n")  # (and joined by it again: the source's ending kept)
     functions = _functions(generated.source)
     starts = set()
     for launch in generated.launches:
@@ -105,7 +105,7 @@ def overlapped(generated: Generated, gluon: bool = False) -> Generated:
         starts.add((first.lineno, first.col_offset))
     for line, col in sorted(starts, reverse=True):
         lines[line - 1 : line - 1] = [" " * col + language + statement for statement in _WAIT]
-    return replace(generated, source="\n".join(lines) + "\n", notes=generated.notes | {OVERLAP})
+    return replace(generated, source="\n".join(lines), notes=generated.notes | {OVERLAP})
 
 
 def without_overlap(source: str) -> str:
