@@ -234,7 +234,10 @@ def compile_cases(module: str, gpu: str = "H100") -> None:
                 )
 
 
-_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global\b|\bcp\.async\b|\bcp\.reduce\.async\b")
+_ACCESS = re.compile(
+    r"\b(?:ld|st|atom|red)\.global\b|\bcp\.async\b|\bcp\.reduce\.async\b|\bprefetch\.|\btensormap\.replace\b"
+    r"|\b(?:ld|st)\.(?:v\d\.)?[bfsu]\d+\b"  # (generic addressing: may be global)
+)
 
 
 def _waits_first(ptx: str) -> bool:

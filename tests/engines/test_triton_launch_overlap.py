@@ -1,6 +1,6 @@
 """Launches that overlap their predecessor's end (programmatic dependent launch, Hopper and newer):
 rewrite.overlapped puts the wait for the previous kernel and the signal to the next at the top of every
-launched Triton kernel, bound.overlaps_launches decides where, native.py launches with the attribute.
+launched Triton kernel, bound.overlap_mode decides where, native.py launches with the attribute.
 On the CPU: the rewrite, the launch structures' C layout, the kernels compiled for sm_90a (the wait before
 any global access); on the GPU: plans of chained kernels against the reference, executed and in a graph."""
 
@@ -70,6 +70,15 @@ def test_the_overlap_is_undone_for_plan_files():
     assert without_overlap(overlapped(gluon, gluon=True).source) == gluon.source
 
 
+def test_a_statement_after_other_text_is_refused_rather_than_misplaced():
+    one_line = Generated("def kernel(p1):\n    x = 1; tl.store(p1, x)\n", (Launch("kernel", (1,), ()),))
+    assert overlapped(one_line).source.split("\n")[1] == "    tl.extra.cuda.gdc_wait()"
+    with pytest.raises(AssertionError, match="its own line"):
+        overlapped(Generated("def kernel(p1): tl.store(p1, 1)\n", (Launch("kernel", (1,), ()),)))
+    tabs = overlapped(Generated("def kernel(p1):\n\ttl.store(p1, 1)\n", (Launch("kernel", (1,), ()),)))
+    assert tabs.source.split("\n")[1] == "\ttl.extra.cuda.gdc_wait()"
+
+
 def test_a_kernel_launched_twice_waits_once():
     g = _generated()
     twice = Generated(g.source, (g.launches[0], g.launches[0]))
@@ -86,6 +95,7 @@ def test_a_gluon_module_waits_in_tritons_language_and_a_module_without_launches_
 
 
 def test_only_hopper_and_newer_overlap(monkeypatch):
+    monkeypatch.delenv("OPGRAPH_LAUNCH_OVERLAP", raising=False)
     assert overlap_mode(H200) == "triton"
     assert overlap_mode(Device("cuda", 0, "A100", (8, 0), 108)) == "off"
     assert overlap_mode(Device("cpu")) == "off"

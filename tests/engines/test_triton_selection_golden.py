@@ -640,9 +640,10 @@ def test_the_engine_offers_and_generates_what_it_did(gpu_available_here):
     assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs[:60])
 
 
-def test_hopper_kernels_are_generated_overlapped(gpu_available_here):
+def test_hopper_kernels_are_generated_overlapped(gpu_available_here, monkeypatch):
     """Every config's kernels on the simulated H100 carry the launch overlap (rewrite.overlapped, left out of the
     recorded hashes above); the interpreter's do not."""
+    monkeypatch.delenv("OPGRAPH_LAUNCH_OVERLAP", raising=False)
     engine = get_engine("triton")
     piece = piece_of("add_relu")
     for device, overlapped in ((H100, True), (CPU, False)):

@@ -13,9 +13,9 @@ The kernel ABI is Triton's (3.x): the non-constexpr parameters in order, then th
 profile-scratch pointers; block = 32 x num_warps threads; `shared` bytes of dynamic shared memory
 (opted in above 48 KiB when the module is loaded). A host-side tensor descriptor parameter is three
 kinds of slots: its 128-byte CUtensorMap, then its shape and strides (tma_desc.py says why and how it is
-encoded). Kernels that need what this launcher does not do (clusters, cooperative or PDL launches,
-descriptors it cannot encode, profile scratch) say so in `unsupported`, and the caller launches them
-through Triton instead.
+encoded). Kernels that need what this launcher does not do (clusters, cooperative launches or Triton's own
+`launch_pdl`, descriptors it cannot encode, profile scratch) say so in `unsupported`, and the caller launches
+them through Triton instead.
 
 A kernel that waits for its predecessor (rewrite.overlapped) is launched by `cuLaunchKernelEx` with
 programmatic stream serialization allowed: the driver may launch it once every program of the kernel
@@ -49,7 +49,13 @@ CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 class LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: an id, then a 64-byte union of values (8-byte aligned)."""
 
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+    _fields_ = [
+        ("id", ctypes.c_int),
+        ("pad", ctypes.c_int),
+        ("value", ctypes.c_int),
+        ("pad2", ctypes.c_int),
+        ("rest", ctypes.c_uint64 * 7),  # (8-byte words: the union's alignment, as in C)
+    ]
 
 
 class LaunchConfig(ctypes.Structure):
@@ -75,9 +81,12 @@ class _Driver:
         self.lib = lib
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
-        self.launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # (CUDA 11.8+ drivers)
+        self.launch_ex = getattr(lib, "cuLaunchKernelEx", None)  # (CUDA 12.0+ drivers)
         if self.launch_ex is not None:
             self.launch_ex.restype = ctypes.c_int
+        version = ctypes.c_int()
+        lib.cuDriverGetVersion.restype = ctypes.c_int
+        self.version = version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
         for name in (
             "cuInit",
             "cuModuleLoadData",
@@ -93,6 +102,13 @@ class _Driver:
             "cuGetErrorString",
         ):
             getattr(lib, name).restype = ctypes.c_int
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether launches may overlap their predecessor: cuLaunchKernelEx, and stream captures that record
+        programmatic edges (CUDA 12.3+ drivers); otherwise overlapped kernels launch plainly (their waits
+        then return at once)."""
+        return self.launch_ex is not None and self.version >= 12030
 
     _encode: Any = None
 
@@ -329,7 +345,7 @@ class NativeLaunch:
         self.args = (fn, gx, gy, gz, 32 * num_warps, 1, 1, shared, stream_c, self.params, None)
         self.empty = gx * gy * gz == 0
         self.call: tuple[Any, tuple[Any, ...]] = (driver().launch, self.args) if not self.empty else (_nothing, ())
-        if overlap and not self.empty and driver().launch_ex is not None:
+        if overlap and not self.empty and driver().overlaps:
             self.config = overlapping_config(grid, num_warps, shared)
             self.call = (_launch_overlapped, (self.config, stream_c, fn, self.params))
 

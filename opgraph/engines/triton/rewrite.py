@@ -100,11 +100,14 @@ def overlapped(generated: Generated, gluon: bool = False) -> Generated:
     functions = _functions(generated.source)
     starts = set()
     for launch in generated.launches:
-        body = functions[launch.kernel].body
-        first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
-        starts.add((first.lineno, first.col_offset))
-    for line, col in sorted(starts, reverse=True):
-        lines[line - 1 : line - 1] = [" " * col + language + statement for statement in _WAIT]
+        fn = functions[launch.kernel]
+        first = fn.body[1] if len(fn.body) > 1 and _is_docstring(fn.body[0]) else fn.body[0]
+        indent = lines[first.lineno - 1][: first.col_offset]
+        if first.lineno == fn.lineno or indent.strip():  # (no template writes a statement after other text)
+            raise AssertionError(f"kernel {fn.name}: its first statement does not begin its own line")
+        starts.add((first.lineno, indent))
+    for line, indent in sorted(starts, reverse=True):
+        lines[line - 1 : line - 1] = [indent + language + statement for statement in _WAIT]
     return replace(generated, source="\n".join(lines), notes=generated.notes | {OVERLAP})
 
 
