@@ -191,6 +191,42 @@ def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
     return total / calls
 
 
+def call_kernels(fn: Callable[[], Any], calls: int = 10) -> list[tuple[str, float]]:
+    """The GPU kernels of one call of fn in launch order, (name, device µs) each: PyTorch's profiler over
+    `calls` calls (after three unprofiled ones), the last call's share of them (scripts/plan_profile.py,
+    scripts/inductor_profile.py)."""
+    torch = _torch()
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == DeviceType.CUDA and e.device_time > 0),
+        key=lambda e: e.time_range.start,
+    )
+    return [(e.name, e.device_time) for e in kernels[-(len(kernels) // calls) :]]
+
+
+def print_kernels(kernels: list[tuple[str, float]]) -> None:
+    """`call_kernels`' list as run, then its sums by kernel name, longest first."""
+    print(f"{len(kernels)} kernels a call, {sum(us for _, us in kernels):.1f} us of device time")
+    for name, us in kernels:
+        print(f"  {us:8.1f}  {name[:110]}")
+    sums: dict[str, list[float]] = {}
+    for name, us in kernels:
+        total = sums.setdefault(name[:80], [0.0, 0])
+        total[0] += us
+        total[1] += 1
+    for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0]):
+        print(f"{us:9.1f} x{int(n):3d} {us / n:8.1f}  {name}")
+
+
 def replay_us(fn: Callable[[], Any], calls: int = 10, rounds: int = 9) -> float:
     """Device µs per call: `calls` calls of fn captured in one CUDA graph, the graph replayed `rounds`
     times behind a spin kernel (host hidden), the median replay over `calls` (the checks in scripts/)."""

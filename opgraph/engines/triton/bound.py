@@ -41,9 +41,8 @@ def overlap_mode(device: Any) -> str:
     default), "all" (Gluon's too: their sm_90a code waits first, but they have not yet run so on a GPU) or
     "off" (OPGRAPH_LAUNCH_OVERLAP=0, e.g. to measure what it gains)."""
     value = os.environ.get("OPGRAPH_LAUNCH_OVERLAP", "1").strip().lower()
-    if value in ("0", "off", "no", "false") or not (device.is_cuda and device.capability):
-        return "off"
-    if tuple(device.capability) < (9, 0):
+    hopper = device.is_cuda and device.capability and tuple(device.capability) >= (9, 0)
+    if value in ("0", "off", "no", "false") or not hopper:
         return "off"
     return "all" if value == "all" else "triton"
 

@@ -115,9 +115,7 @@ def without_overlap(source: str) -> str:
     """The source as it was before `overlapped`."""
     if "gdc_wait()" not in source:
         return source
-    return "\n".join(
-        line for line in source.split("\n") if not line.strip().endswith(_WAIT) or "extra.cuda.gdc" not in line
-    )
+    return "\n".join(line for line in source.split("\n") if not line.strip().endswith(_WAIT))
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
