@@ -29,6 +29,7 @@ from typing import Any
 from ..core.errors import AttributeValueError, GraphError, UnsupportedGraphError
 from ..core.symbolic import free_symbols
 from ..core.tensor import Tensor, packed_strides
+from .fx_norms import recognise_rms_norms
 from .torch_fold import constant_nodes, evaluate
 from .torch_hops import inline_wrappers
 from .torch_importer import (
@@ -151,6 +152,7 @@ def from_torch(
     )
     params = frozenset(n for n, (kind, _) in placeholder_kinds(program).items() if kind == "parameter")
     inline_wrappers(program.graph_module, imp.report.notes, node_location, params)
+    recognise_rms_norms(program.graph_module, imp.report.notes)
     table = _symbols(program, module, args, dynamic_shapes)
     for text in table.notes:
         imp.note(text)

@@ -1,0 +1,95 @@
+"""RMSNorms written out as ops (Hugging Face's LlamaRMSNorm and its kin) imported as one rmsnorm op
+(frontends/fx_norms.py): the values PyTorch's, one rownorm kernel, and the look-alikes left as they are."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import opgraph as og  # noqa: E402
+from opgraph.frontends.fx_norms import recognise_rms_norms  # noqa: E402
+
+
+class WrittenOut(torch.nn.Module):
+    """LlamaRMSNorm's forward, then a projection; `variant` changes one thing about the norm."""
+
+    def __init__(self, d: int = 32, variant: str = "") -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(d))
+        self.proj = torch.nn.Linear(d, 16, bias=False)
+        self.variant = variant
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        square = h * h if self.variant == "mul" else h.pow(2)
+        if self.variant == "first_axis":
+            variance = square.mean(0, keepdim=True)
+        elif self.variant == "no_keepdim":
+            variance = square.mean(-1).unsqueeze(-1)
+        else:
+            variance = square.mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + 1e-6)
+        y = self.proj(self.weight * h.to(dtype))
+        if self.variant == "variance_read":  # the variance is read again: not only the norm's
+            return y, variance
+        return y
+
+
+def _imported(module, x):
+    with torch.no_grad():
+        want = module(x)
+        imp = og.from_torch(module, (x,))
+        got = imp.run(x)
+    return imp, want, got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", ["", "mul"])
+def test_a_written_out_rmsnorm_is_one_op_and_computes_as_pytorch(dtype, variant):
+    torch.manual_seed(0)
+    module = WrittenOut(variant=variant).to(dtype)
+    x = torch.randn(2, 8, 32).to(dtype)
+    imp, want, got = _imported(module, x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert any("1 RMSNorm(s)" in n for n in imp.report.notes), imp.report.notes
+    kinds = [n.kind for n in imp.graph.final.nodes]
+    assert "rmsnorm" in kinds and "reduction" not in kinds, kinds
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < tol
+    plan = imp.graph.build(device="cpu", engines=["triton", "reference"])
+    assert [s.config.knob("template", "") for s in plan.steps].count("rownorm") == 1, plan.describe()
+
+
+@pytest.mark.parametrize("variant", ["first_axis", "variance_read"])
+def test_look_alikes_stay_as_written(variant):
+    """A mean over a leading axis is no RMSNorm; a variance read elsewhere too must stay computed."""
+    torch.manual_seed(0)
+    module = WrittenOut(variant=variant)
+    x = torch.randn(2, 8, 32)
+    imp, want, got = _imported(module, x)
+    assert not any("RMSNorm(s)" in n for n in imp.report.notes)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, (list, tuple)) else (got,)
+    for w, g in zip(want, got):
+        assert torch.allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_rewrite_leaves_an_exported_graph_that_runs_as_before():
+    """On the FX graph alone: the recognised graph computes what the exported program computed."""
+    torch.manual_seed(0)
+    module = WrittenOut(variant="no_keepdim")
+    x = torch.randn(4, 32)
+    program = torch.export.export(module, (x,))
+    gm = program.module()
+    before = gm(x)
+    count = recognise_rms_norms(program.graph_module)
+    assert count == 0  # (a mean without keepdim, unsqueezed after: not the pattern)
+    module = WrittenOut()
+    program = torch.export.export(module, (x,))
+    assert recognise_rms_norms(program.graph_module) == 1
+    targets = [str(n.target) for n in program.graph_module.graph.nodes]
+    assert "aten.rms_norm.default" in targets and "aten.rsqrt.default" not in targets
+    assert torch.allclose(program.module()(x), module(x), rtol=1e-5, atol=1e-6)
+    assert before.shape == (4, 16)
