@@ -18,9 +18,10 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..core.config import EngineConfig
 from ..core.device import Device
 from ..core.errors import ExecutionError, GraphError, InternalError
 from ..engines import get_engine
@@ -70,9 +71,16 @@ class LazyProgress:
             self.bar = None
 
 
-def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list[Any], dict[str, Any]]:
+def compile_steps(
+    steps: Sequence[Any],
+    device: Device,
+    mode: str,
+    more: Callable[[Any], Sequence[EngineConfig]] | None = None,
+) -> tuple[list[Any], dict[str, Any]]:
     """Compile the kernels of `steps` (planner.Step) ahead of their first launch; returns the steps
-    (a step whose kernel failed replaced by its first alternative that compiles) and statistics."""
+    (a step whose kernel failed replaced by the first of its alternatives that compiles, its own
+    engine's first: see `_replace`; `more(step)`, configs beyond the step's alternatives, e.g. the
+    piece's in more heuristic modes) and statistics."""
     if mode not in MODES:
         raise GraphError(f"build(compile={mode!r})", rule="build.compile", hint=f"use one of {', '.join(MODES)}")
     stats: dict[str, Any] = {"mode": mode}
@@ -101,9 +109,8 @@ def compile_steps(steps: Sequence[Any], device: Device, mode: str) -> tuple[list
     )
     out = list(steps)
     for i in sorted({i for key in report.failed for i in owners[key]}):
-        out[i] = _replace(
-            out[i], device, {k: report.failed[k] for k in report.failed if i in owners[k]}, parallel=mode == "parallel"
-        )
+        errors = {k: report.failed[k] for k in report.failed if i in owners[k]}
+        out[i] = _replace(out[i], device, errors, parallel=mode == "parallel", more=more(out[i]) if more else ())
     return out, stats
 
 
@@ -157,14 +164,27 @@ def merged(reports: Iterable[CompileReport]) -> CompileReport:
     return out
 
 
-def _replace(step: Any, device: Device, errors: dict[str, str], *, parallel: bool) -> Any:
+def _replace(
+    step: Any, device: Device, errors: dict[str, str], *, parallel: bool, more: Sequence[EngineConfig] = ()
+) -> Any:
     """The step with its first alternative config whose kernels compile (where the build's mode
     compiles: in workers unless compile="serial"; checked as the batch was: a kernel over the device's
     shared memory fails its compile, so an alternative with the same tiles as the failed config is not
-    taken either)."""
+    taken either). The failed config's engine is asked first (its alternatives, then its configs in
+    `more`): a kernel that does not compile says nothing of the engine's others, and the next engine in
+    the ranking may be op-by-op PyTorch (the heuristic's mode A offers one generated kernel a piece:
+    a Llama's norm-backward GEMMs ran 20x slower on the torch engine when theirs did not compile)."""
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
-    for alt in step.alternatives:
+    engine_name = step.config.engine
+    tried, extra = {step.config, *step.alternatives}, []
+    for config in more:
+        if config.engine == engine_name and config not in tried:
+            tried.add(config)
+            extra.append(config)
+    own = [c for c in step.alternatives if c.engine == engine_name]
+    order = [*own, *extra, *(c for c in step.alternatives if c.engine != engine_name)]
+    for alt in order:
         try:
             engine = get_engine(alt.engine)
             kernel = engine.compile(step.piece, alt, device)

@@ -166,7 +166,11 @@ def _plan(graph: FinalGraph, opts: BuildOptions, dev: Device, usable: list[Engin
     ]
     stats["plan_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    steps, stats["compile"] = compile_steps(steps, dev, compile_mode)
+
+    def more(step: Step) -> list[EngineConfig]:  # (a step whose kernel fails: its engine's other kernels first)
+        return filters.keep(rank_configs(step.piece, usable, dev, (*modes, HeurMode.B)).configs)[0]
+
+    steps, stats["compile"] = compile_steps(steps, dev, compile_mode, more)
     stats["compile_s"] = time.perf_counter() - t1
     return Schedule(graph, dev, tuple(steps), tuple(cuts), stats)
 

@@ -151,6 +151,32 @@ def test_an_alternative_over_the_devices_shared_memory_is_not_taken(piece, monke
     assert info.value.rule == "build.compile_failed" and "233472 bytes" in str(info.value)
 
 
+def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, monkeypatch):
+    """The heuristic's mode A offers one generated config a piece, then PyTorch's: a Llama's norm-backward GEMM
+    whose Gluon kernel did not fit the H200's shared memory under Triton 3.6 ran on the torch engine, 20x slower.
+    The failed config's engine is asked first: its alternatives, then its configs among `more` (the piece's in
+    more modes), then the other engines' alternatives in their order."""
+    a = FakeCompiler(failing={"bad", "bad2"})
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    monkeypatch.setitem(ENGINES, "aot_b", AotEngine("aot_b", FakeCompiler()))
+    cfg = lambda engine, key: EngineConfig(engine, (("keys", (key,)),))  # noqa: E731
+    fallback, broken, good = cfg("aot_b", "slow"), cfg("aot_a", "bad2"), cfg("aot_a", "ok")
+    failing = step(0, piece, "aot_a", "bad", alternatives=(fallback, broken))
+    seen = []
+
+    def more(s):
+        seen.append(s.index)
+        return [failing.config, fallback, broken, good]
+
+    out, _ = compile_steps([failing, step(1, piece, "aot_a", "fine")], H100, "parallel", more)
+    assert seen == [0]  # (asked for the failed step only)
+    assert out[0].config == good and out[0].alternatives == (failing.config, fallback, broken)
+    assert [list(x) for x in a.batches[1:]] == [["bad2"], ["ok"]]  # its own alternative, then `more`'s
+    # none of its own compiles: the other engine's alternative, as before
+    out, _ = compile_steps([failing], H100, "parallel", lambda s: [cfg("aot_a", "bad2")])
+    assert out[0].config == fallback
+
+
 def test_specs_from_an_engine_without_a_compiler_are_a_bug(piece, monkeypatch):
     monkeypatch.setitem(ENGINES, "plain", FakeEngine("plain"))
     with pytest.raises(InternalError):

@@ -97,6 +97,20 @@ def column_sums(m=8192, k=1024, n=1024, dt=DT.BFLOAT16):
     return g
 
 
+def norm_weight_gradient(m=4096, k=2816, n=1024):
+    """An RMSNorm's backward in a data gradient's epilogue (a Llama's up projection, training): the product plus
+    the incoming fp32 gradient, stored in fp32, and the norm weight's gradient, the column sums of its product with
+    the saved bf16 input (an fp32 tile stored, an fp32 and a bf16 tile read, a sum over the rows)."""
+    g = _graph("norm_weight_gradient", DT.BFLOAT16)
+    a = g.tensor(dim=[m, k], name="dY")
+    w = g.tensor(dim=[k, n], name="W")
+    incoming = g.tensor(dim=[m, n], name="dR").set_data_type(DT.FLOAT)
+    x = g.tensor(dim=[m, n], name="x")
+    d = g.add(g.matmul(a, w), incoming).set_output(True).set_data_type(DT.FLOAT)
+    g.reduction(g.mul(d, x), "ADD").set_dim([1, n]).set_output(True).set_data_type(DT.FLOAT)
+    return g
+
+
 def amax(m=8192, k=1024, n=1024, dt=DT.BFLOAT16):
     """The product's absolute maximum (an fp8 scale's amax): one result of the whole tile."""
     g = _graph("amax", dt)
@@ -412,6 +426,34 @@ def test_tile_loads_take_what_fits_beside_two_stages():
     assert consumer.count(".load(gl.NVMMADistributedLayout") == 2 and consumer.count("tl.load(") == 1
 
 
+def test_shared_memory_holds_the_tiles_and_stages_counted():
+    """The tiles the kernel allocates (two or more stages, the TMA-stored outputs', the loaded operands') and the
+    compiler's scratch for sums over the rows fit in 227 KiB, whichever way a piece mixes them: the RMSNorm
+    backward's fp32 store beside two tile loads asked 233,532 bytes in Triton 3.6 (its H200 build fell back to
+    PyTorch) when the stored tile was not counted against the loads."""
+    from opgraph.engines.triton.templates._matmul_hopper import stage_bytes
+    from opgraph.engines.triton.templates._matmul_ws import (
+        BARRIER_BYTES,
+        WS_SMEM,
+        _row_sums_scratch,
+        _tile_bytes,
+        tile_loads,
+        tma_stores,
+    )
+
+    for g in (norm_weight_gradient(), fp32_residuals(3), residual(stats=True), column_sums(), swiglu()):
+        m, k = _template().matched(_piece(g), H200), _forced(g)
+        tiles = sum(_tile_bytes(m, u) for u in (*tma_stores(m), *tile_loads(m))) + _row_sums_scratch(m)
+        used = tiles + k.stages * stage_bytes(m, k.BLOCK_M, k.BLOCK_N, k.BLOCK_K) + BARRIER_BYTES
+        assert k.stages >= 2 and used <= WS_SMEM, (g.name, k.stages, used)
+    m = _template().matched(_piece(norm_weight_gradient()), H200)
+    assert len(tma_stores(m)) == 1 and len(tile_loads(m)) == 1  # (the bf16 input then read through pointers)
+    consumer = (src := _source(norm_weight_gradient()))[
+        src.index("def kernel_ws_consumer") : src.index("\ndef kernel(")
+    ]
+    assert "_og_gl_tma_store(desc_c" in consumer and consumer.count("tl.load(") == 1
+
+
 def test_a_row_reduction_stores_partials_and_combines_in_triton():
     """The mean of squares over the output's rows: each tile's row sums stored as partials (8 tiles a row), summed by
     a combine launch that is a Triton kernel of the Gluon module (`_OG_TRITON`), in Triton's own language."""
@@ -498,6 +540,7 @@ HOPPER_CASES = {
         [dict(_forced(bias_gelu(out_layout="col")).pairs())],
     ),
     "max_min": (lambda: max_min(), "matmul", lambda cands: [c for c in cands if c.get("WS")]),
+    "norm_weight_gradient": (norm_weight_gradient, "matmul", [dict(_forced(norm_weight_gradient()).pairs())]),
 }
 
 
@@ -515,6 +558,7 @@ def test_kernels_compile_for_hopper():
         "residual_stats",
         "column_sums",
         "data_gradient",
+        "norm_weight_gradient",
     }
     for line in lines:
         w = line.split()

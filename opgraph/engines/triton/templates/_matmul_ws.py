@@ -88,6 +88,8 @@ def ws_refusal(m: MatmulMatch) -> str | None:
                 "a reduction's result is stored through a helper (bf16, integers, fp8), which its combine launch "
                 "cannot call"
             )
+    if WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m) < 0:
+        return "two stages of the operands' tiles and the epilogue's sums do not fit in shared memory"
     tensors = gp.piece.graph.tensors
     if any(tensors[u].is_by_reference for u in (*gp.piece.inputs, *gp.piece.outputs)):
         return "a tensor is bound by reference (read through the plan's address table)"
@@ -121,6 +123,23 @@ def ws_rank(m: MatmulMatch) -> int | None:
     return 0 if tile_loads(m) and not gradients else 1
 
 
+def tma_stores(m: MatmulMatch) -> list[int]:
+    """The stored outputs the WS kernel writes through TMA (a shared-memory tile each): those `tma_storable`, in
+    order, while they fit beside two stages of operands and the sums' scratch; the others keep pointer stores
+    (`store_descriptors` decides alike with the config's stages, which `ws_config` fits to these tiles)."""
+    gp = m.gp
+    room = WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
+    stores = []
+    for u in gp.stores:
+        if not tma_storable(gp, gp.tensor(u), u):
+            continue
+        room -= _tile_bytes(m, u)
+        if room < 0:
+            break
+        stores.append(u)
+    return stores
+
+
 def tile_loads(m: MatmulMatch) -> list[int]:
     """The tensors the epilogue reads as whole tiles of the output's space (a residual) that TMA can copy
     (`tma_storable`'s conditions): the loader partition copies each into shared memory once a tile, after
@@ -131,8 +150,11 @@ def tile_loads(m: MatmulMatch) -> list[int]:
     operands = {n.input(r) for n in gp.mains for r in ("A", "B")}
     inputs = set(gp.piece.inputs)
     read = dict.fromkeys(u for n in gp.epilogue for u in n.input_uids())
-    # (those that fit beside two stages and the sums' scratch: the others are read through pointers)
+    # (those that fit beside two stages, the sums' scratch and the TMA-stored outputs' tiles: the others are
+    # read through pointers; a Llama's RMSNorm weight gradient, whose data gradient stores an fp32 tile and
+    # loads two, came to 233,532 bytes in Triton 3.6 when the stored tile was left out of this count)
     room = WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
+    room -= sum(_tile_bytes(m, u) for u in tma_stores(m))
     loads = []
     for u in read:
         t = gp.tensor(u)
@@ -186,9 +208,9 @@ def ws_config(m: MatmulMatch, c: TileKnobs, device: Device) -> TileKnobs:
     shared memory holds next to the tiles of the TMA-stored outputs and of the epilogue's TMA-loaded operands (and
     the compiler's scratch for sums over the rows)."""
     bm, bn, bk = WS_TILE
-    tiles = [u for u in m.gp.stores if tma_storable(m.gp, m.gp.tensor(u), u)] + tile_loads(m)
-    held = sum(_tile_bytes(m, u) for u in tiles) + _row_sums_scratch(m)
-    stages = max(2, min(MAX_STAGES, (WS_SMEM - held - BARRIER_BYTES) // stage_bytes(m, bm, bn, bk)))
+    held = sum(_tile_bytes(m, u) for u in (*tma_stores(m), *tile_loads(m))) + _row_sums_scratch(m)
+    stages = min(MAX_STAGES, (WS_SMEM - held - BARRIER_BYTES) // stage_bytes(m, bm, bn, bk))
+    assert stages >= 2, "tma_stores and tile_loads leave room for two stages"
     return c.replace(
         BLOCK_M=bm,
         BLOCK_N=bn,
@@ -233,8 +255,8 @@ class WarpSpecLoop(HopperLoop):
         m, tiling = self.m, ctx.tiling
         ctx.gluon = True
         loaded = {u: f"desc_l{u}" for u in tile_loads(m)}
-        held = sum(_tile_bytes(m, u, k.BLOCK_M, k.BLOCK_N) for u in loaded)
-        store_descriptors(m, ctx, sig, k, budget=WS_SMEM, held=held)
+        held = sum(_tile_bytes(m, u, k.BLOCK_M, k.BLOCK_N) for u in loaded) + _row_sums_scratch(m)
+        store_descriptors(m, ctx, sig, k, budget=WS_SMEM - BARRIER_BYTES, held=held)
         layout = acc_layout(k.BLOCK_M, k.BLOCK_N, k.warps)
         for u, d in loaded.items():
             t = m.gp.tensor(u)
