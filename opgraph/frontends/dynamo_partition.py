@@ -31,6 +31,7 @@ from ..core.symbolic import INT64_MAX
 from .aot_attention import FREED, free_attention_state
 from .fx_graph import examples, import_fx, translatable
 from .fx_linear import fold_linear_views
+from .fx_norms import recognise_rms_norms
 from .fx_tidy import VIEWS, tidy
 from .torch_runtime import ImportedGraph
 from .torch_symbolic import fx_symbol_table
@@ -342,6 +343,8 @@ def compile_graph(
 
     fold_linear_views(gm)  # (linear layers as one batched matmul each, as from_torch imports them)
     free_attention_state(gm)  # (a training forward's attention in its plan: its unused RNG state not saved)
+    recognise_rms_norms(gm)  # (a written-out RMSNorm as one op, as from_torch imports it; not where the
+    # forward saves its rsqrt for the backward: each op it removes must have no other reader)
     tidy(gm, user_outputs)  # (AOTAutograd's duplicate casts merged, casts beside their sources, ...)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n.name: i for i, n in enumerate(calls)}

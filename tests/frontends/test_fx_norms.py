@@ -93,3 +93,27 @@ def test_the_rewrite_leaves_an_exported_graph_that_runs_as_before():
     assert "aten.rms_norm.default" in targets and "aten.rsqrt.default" not in targets
     assert torch.allclose(program.module()(x), module(x), rtol=1e-5, atol=1e-6)
     assert before.shape == (4, 16)
+
+
+def test_the_torch_compile_backend_recognises_them_where_the_backward_does_not_read_them(monkeypatch):
+    """backend="opgraph": an inference graph's written-out RMSNorm becomes the op (as from_torch's import); a
+    training forward saves the rsqrt for AOTAutograd's backward, so it is left as written; both compute as eager."""
+    import opgraph.frontends.dynamo_partition as dp
+
+    counts = []
+    recognise = dp.recognise_rms_norms
+    monkeypatch.setattr(dp, "recognise_rms_norms", lambda gm, notes=None: counts.append(recognise(gm, notes)))
+    torch.manual_seed(0)
+    module = WrittenOut().double()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=og.torch_backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-6)
+    assert counts == [1]
+    x.requires_grad_(True)
+    compiled(x).sum().backward()
+    want = torch.autograd.grad(module(x).sum(), [x, module.weight])
+    torch.testing.assert_close(x.grad, want[0], rtol=1e-5, atol=1e-6)
+    assert counts[1:] and set(counts[1:]) == {0}, counts
+    torch._dynamo.reset()
