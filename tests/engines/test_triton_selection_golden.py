@@ -294,6 +294,15 @@ def genstats(dims, *, dt=DT.HALF, layout="nhwc"):
     return g
 
 
+def embedding_grad(tokens, vocab, width, *, dt=DT.BFLOAT16):
+    """A language model's token table gradient: bf16 rows scatter-added into an fp32 [vocab, width] table."""
+    g = og.Graph("embedding_grad", io_data_type=dt, intermediate_data_type=FLOAT)
+    idx = g.tensor(dim=list(tokens), name="ids", data_type=DT.INT64)
+    dy = g.tensor(dim=[*tokens, width], name="dy")
+    g.embedding_backward(dy, idx, num_weights=vocab, name="dembedding").set_output(True).set_data_type(FLOAT)
+    return g
+
+
 def pool(dims, *, mode="max", window=(3, 3), stride=(2, 2), padding=(1, 1), dt=DT.HALF, layout="nhwc", backward=False):
     g = og.Graph("pool", io_data_type=dt, intermediate_data_type=FLOAT, compute_data_type=FLOAT)
     x = g.tensor(dim=list(dims), stride=_stride(dims, layout), name="x")
@@ -498,6 +507,9 @@ CASES: dict[str, tuple[Callable[[], og.Graph], str | None]] = {
     "maxpool_stem_backward": (lambda: pool((N, 64, 112, 112), backward=True), None),
     "avgpool_backward": (lambda: pool((N, 64, 56, 56), mode="avg_exclude_padding", backward=True), None),
     "maxpool_tiny_backward": (lambda: pool((2, 3, 7, 6), backward=True, dt=FLOAT, layout="nchw"), None),
+    # gathers
+    "embedding_grad_llama": (lambda: embedding_grad((4, 1024), 32000, 1024), None),
+    "embedding_grad_tiny": (lambda: embedding_grad((2, 3), 7, 5, dt=FLOAT), None),
     # pointwise
     "add_relu": (lambda: pointwise("add_relu"), None),
     "gelu_cast": (lambda: pointwise("gelu_cast", (8192, 3072)), None),

@@ -16,6 +16,7 @@ prologue to run apart) is the template's match's to check.
     RowStripKnobs   depthwise (row strips)                    ROWS BLOCK_W BLOCK_N num_warps num_stages MAXNREG
     FlatKnobs       pooling, pool_backward                    BLOCK num_warps
     PointwiseKnobs  pointwise                                 BLOCK TILE_I TILE_J ROWS COLS num_warps
+    ScatterKnobs    embedding_backward                        ROWS BLOCK ZERO num_warps
     ReductionKnobs  reduction                                 BLOCK_M BLOCK_K SPLIT num_warps STAGES
     RownormKnobs    rownorm                                   BLOCK ROWS W PROGRAMS RB BW ST PF FP BH BG SW
     StatsKnobs      norm_stats                                BR BC CHUNK W ST PF ABR ABC AW BS CW ORDER
@@ -327,6 +328,27 @@ class FlatKnobs(Knobs):
     def __post_init__(self) -> None:
         _power_of_two("BLOCK", self.BLOCK, 1, "triton.knob", "pick BLOCK from 256, 512, 1024, 2048")
         _warps(self.num_warps, "triton.knob")
+
+    @property
+    def warps(self) -> int:
+        return self.num_warps or 4
+
+
+@dataclass(frozen=True)
+class ScatterKnobs(Knobs):
+    """The embedding backward's scatter-add (templates/embedding_backward.py): ROWS rows of the gradient a
+    program, BLOCK columns of them, each added to the table row its index names; ZERO elements a program of
+    the launch zeroing the table first."""
+
+    ROWS: int  # gradient rows (tokens) a program (a power of two)
+    BLOCK: int  # columns a program (a power of two)
+    ZERO: int  # table elements a program of the zeroing launch (a power of two)
+    num_warps: int | None = None  # (4)
+
+    def __post_init__(self) -> None:
+        for key in ("ROWS", "BLOCK", "ZERO"):
+            _power_of_two(key, getattr(self, key), 1, "triton.scatter.knob", f"pick {key} a power of two")
+        _warps(self.num_warps, "triton.scatter.knob")
 
     @property
     def warps(self) -> int:
