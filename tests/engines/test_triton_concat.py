@@ -348,7 +348,21 @@ def test_slice_backward_runs_in_a_generated_kernel(dims, window, scale_dy, dt, r
     assert "slice_backward" in plan.steps[0].piece.kinds and "tl.where(" in plan.source(0)
 
 
-def test_slice_backward_with_a_step_is_refused_with_the_reason():
-    g = _slice_backward_graph(DT.FLOAT, (8, 4), (slice(0, 8, 2), ALL), False)
-    with pytest.raises(og.UnsupportedGraphError, match="steps other than 1"):
-        g.build(device="cpu", engines=["triton"])
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("scale_dy", [True, False], ids=["in_frame", "after"])
+@pytest.mark.parametrize(
+    "dims,window",
+    [
+        ((8, 4), (slice(0, 8, 2), ALL)),  # every other row
+        ((2, 7, 6, 3), (ALL, slice(1, 7, 2), slice(0, 6, 2), ALL)),  # Swin's patch merging, x[:, 1::2, 0::2]
+        ((9, 5), (slice(2, 9, 3), slice(1, 4))),  # a step of 3 from 2, beside a plain window
+        ((5, 6), (slice(0, 5, 2), slice(1, 2))),  # a strided axis beside one of one element
+    ],
+    ids=["rows", "patch_merging", "step3", "with_single"],
+)
+def test_slice_backward_of_a_strided_slice(dims, window, scale_dy, dt, rng):
+    """The positions the strided slice read get dy at (c - start) // step, the others zero (Swin's training step
+    ran these on the torch engine)."""
+    g = _slice_backward_graph(dt, dims, window, scale_dy)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    assert "slice_backward" in plan.steps[0].piece.kinds and " % " in plan.source(0)

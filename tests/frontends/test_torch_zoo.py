@@ -150,6 +150,19 @@ def test_zoo_model_trains_one_adamw_step(name):
     _train_one_adamw_step(name, "cpu")
 
 
+@pytest.mark.parametrize("name", ["llama", "swin", "bert"])
+def test_zoo_training_steps_have_no_torch_engine_steps(name):
+    """A training step's plan for the GPU engines (planned on the CPU, nothing compiled) runs every step in
+    generated kernels: the token embedding's gradient (a scatter-add), Swin's patch merging's gradient (strided
+    slices' backward), BERT's position and type tables' gradients (issue 40: none on the torch engine)."""
+    entry = _entry(name)
+    imported = og.from_torch(entry.module.train(), entry.inputs)
+    step = og.training.train_step(imported, "cross_entropy", og.training.AdamW(1e-3))
+    plan = step.graph.build(device="cpu", engines=["triton", "torch"], compile="lazy")
+    torch_steps = [s.piece.label() for s in plan.steps if s.config.engine == "torch"]
+    assert not torch_steps, torch_steps
+
+
 def _train_one_adamw_step(name: str, device: str) -> None:
     entry = _entry(name)
     model = entry.module.train().to(device)

@@ -14,7 +14,8 @@ size arguments, spelled by the indexer's `text`.
 
 A slice_backward (the gradient of a slice: dy written into zeros, ViT's class-token pooling x[:, 0]) is
 framed the same way: dy computed in a frame shifted to the slice's start along each sliced axis, masked
-to the slice (steps of 1), and zero outside it.
+to the slice, and zero outside it; a strided slice's (Swin's patch merging, x[:, 0::2, 1::2]) frame takes
+the coordinate (c - start) // step, masked to the positions the slice read.
 
 The part walk (pointwise.py, knob PARTS): where every concatenation joins along the space's innermost axis and
 their operands' bounds, in the space's coordinates, are multiples of a width W (`part_width`), the kernel walks
@@ -26,6 +27,7 @@ element of x is read where its own part and its partner's use it, not under two 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -34,7 +36,7 @@ from ....core.config import Support
 from ....core.ir import Node
 from ....core.piece import Piece
 from ....core.tensor import TensorDesc
-from ....ops.layout import VIEW_KINDS
+from ....ops.layout import VIEW_KINDS, slice_length
 from ..expr import Emitter
 from ..sizes import above_one
 from ._gather import EMBEDDING, emit_embedding
@@ -90,9 +92,9 @@ def check_frames(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[i
                     )
             if node.kind == SLICE_BACKWARD:
                 bounds = node.op.slices  # type: ignore[attr-defined]
-                if any(step != 1 for _, _, step in bounds):
-                    return Support.no("a slice_backward of a slice with steps other than 1", node)
-                why = walk(node.input_uids(), tuple(stop - start for start, stop, _ in bounds))
+                if any(b[2] != 1 and not all(isinstance(v, int) for v in b) for b in bounds):
+                    return Support.no("a slice_backward of a strided slice with dynamic bounds", node)
+                why = walk(node.input_uids(), tuple(slice_length(b) for b in bounds))
                 if why is not None:
                     return why
                 continue
@@ -152,13 +154,23 @@ def part_width(piece: Piece, tensors: Mapping[int, TensorDesc], space: tuple[Any
 
 class ShiftedIndexer:
     """An indexer's frame moved by `shift` along `axis` (a concatenation's operand), loads masked by
-    `guard` (where the operand applies) besides the base's own mask."""
+    `guard` (where the operand applies) besides the base's own mask. With `step` > 1 (a slice_backward of a
+    strided slice, Swin's x[:, 0::2]) the frame's coordinate along `axis` is (c - shift) // step of the
+    base's c, where `guard` holds only the positions the slice read."""
 
-    def __init__(self, base: Any, axis: int, shift: Any, guard: str) -> None:
-        self.base, self.axis, self.shift, self.guard = base, axis, shift, guard
+    def __init__(self, base: Any, axis: int, shift: Any, guard: str, step: int = 1) -> None:
+        self.base, self.axis, self.shift, self.guard, self.step = base, axis, shift, guard, step
         self.text = getattr(base, "text", str)  # spells a size (a dynamic one: its run-time argument, sizes.py)
 
     def offset(self, desc: TensorDesc) -> str:
+        if self.step != 1 and above_one(desc.dim[self.axis]):
+            # the base's offset without the axis, then the axis's term at the frame's coordinate
+            flat = dataclasses.replace(
+                desc, stride=tuple(0 if a == self.axis else s for a, s in enumerate(desc.stride))
+            )
+            offset = self.base.offset(flat)
+            term = f"{self.coord(self.axis, desc)} * {self.text(desc.stride[self.axis])}"
+            return term if offset == "0" else f"{offset} + {term}"
         offset = self.base.offset(desc)
         moved = self.shift * desc.stride[self.axis] if above_one(desc.dim[self.axis]) else 0
         return f"{offset} - {self.text(moved)}" if moved != 0 else offset
@@ -176,6 +188,7 @@ class ShiftedIndexer:
         return f"tl.load({ptr} + {offset}, mask={self.mask()}, other=0)"
 
     def load_shifted(self, desc: TensorDesc, ptr: str, shift: int) -> str:
+        assert self.step == 1, "a strided frame has a guard: its loads are not shared"
         return str(self.base.load_shifted(desc, ptr, shift + self.shift))
 
     def store(self, desc: TensorDesc, ptr: str, value: str) -> str:
@@ -183,14 +196,18 @@ class ShiftedIndexer:
 
     def coord(self, axis: int, desc: TensorDesc) -> str:
         coord = self.base.coord(axis, desc)
-        shifted = axis == self.axis and above_one(desc.dim[axis]) and self.shift != 0
-        return f"({coord} - {self.text(self.shift)})" if shifted else coord
+        if axis != self.axis or not above_one(desc.dim[axis]):
+            return coord
+        shifted = f"({coord} - {self.text(self.shift)})" if self.shift != 0 else coord
+        return f"({shifted} // {self.step})" if self.step != 1 else shifted
 
     def span(self, axis: int) -> tuple[int, int] | None:
         """The coordinate's range along `axis` in this frame, where the part walk knows it."""
         span = span_of(self.base, axis)
         if span is None or axis != self.axis:
             return span
+        if self.step != 1:
+            return None
         return span[0] - self.shift, span[1] - self.shift
 
 
@@ -247,15 +264,17 @@ def _emit_slice_backward(piece: Piece, emitter: Emitter, node: Node, made: Mappi
     desc = emitter.tensors[out]
     text = getattr(emitter.indexer, "text", str)
     indexer, guards = emitter.indexer, []
-    for axis, (start, stop, _) in enumerate(node.op.slices):  # type: ignore[attr-defined]
-        if start == 0 and stop == desc.dim[axis]:
+    for axis, (start, stop, step) in enumerate(node.op.slices):  # type: ignore[attr-defined]
+        if start == 0 and stop == desc.dim[axis] and step == 1:
             continue
         c = emitter.indexer.coord(axis, desc)
         checks = [f"({c} >= {text(start)})"] if start != 0 else []
         checks += [f"({c} < {text(stop)})"] if stop != desc.dim[axis] else []
+        if step != 1:  # (the positions the strided slice read)
+            checks.append(f"((({c} - {start}) % {step}) == 0)" if start else f"(({c} % {step}) == 0)")
         guard = " & ".join(checks)
         guards.append(guard)
-        indexer = ShiftedIndexer(indexer, axis, start, guard)
+        indexer = ShiftedIndexer(indexer, axis, start, guard, step)
     (dy,) = node.input_uids()
     sub = _subframe(emitter, indexer, str(out))
     emit_frame(piece, sub, [dy], made)
