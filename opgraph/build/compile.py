@@ -110,7 +110,7 @@ def compile_steps(
     out = list(steps)
     for i in sorted({i for key in report.failed for i in owners[key]}):
         errors = {k: report.failed[k] for k in report.failed if i in owners[k]}
-        out[i] = _replace(out[i], device, errors, parallel=mode == "parallel", more=more(out[i]) if more else ())
+        out[i] = _replace(out[i], device, errors, parallel=mode == "parallel", more=_more(more, out[i]))
     return out, stats
 
 
@@ -162,6 +162,17 @@ def merged(reports: Iterable[CompileReport]) -> CompileReport:
         out.seconds += r.seconds
         out.failed.update(r.failed)
     return out
+
+
+def _more(more: Callable[[Any], Sequence[EngineConfig]] | None, step: Any) -> Sequence[EngineConfig]:
+    """`more(step)`, or none where it fails (the step's own alternatives still serve)."""
+    if more is None:
+        return ()
+    try:
+        return more(step)
+    except GraphError as err:
+        log.info("step %d: no more configs (%s)", step.index, err)
+        return ()
 
 
 def _replace(

@@ -16,6 +16,7 @@ epilogue: x read once, y written once.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -69,6 +70,8 @@ def _match(mul: Any) -> tuple[Any, list[int], float, list[Any]] | None:
         mean, eps = add.args
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or add.kwargs.get("alpha", 1) != 1:
             continue
+        if not math.isfinite(eps) or eps < 0:  # (rmsnorm's epsilon: finite, >= 0; the ops stay as written)
+            continue
         if _target(mean) != "aten.mean.dim" or not _only_reader(mean, add) or mean.kwargs.get("dtype") is not None:
             continue
         keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
@@ -76,7 +79,7 @@ def _match(mul: Any) -> tuple[Any, list[int], float, list[Any]] | None:
         if not keepdim or not _only_reader(square, mean) or _squared_base(square) is not x:
             continue
         found = _rank_and_shape(x)
-        if found is None or _rank_and_shape(mul) != found:
+        if found is None or found[0] == 0 or _rank_and_shape(mul) != found:
             continue
         rank, shape = found
         n = _last_axes(mean.args[1], rank)
@@ -84,8 +87,13 @@ def _match(mul: Any) -> tuple[Any, list[int], float, list[Any]] | None:
             continue
         dead = [rsqrt, add, mean, square]
         source = _widened(x, {square, mul})
-        if source is not None:  # the norm reads the narrow tensor and widens it itself
+        if source is not None and _narrowed_back(mul, _dtype(source)):
+            # the norm reads the narrow tensor and widens it itself: its result is then in the narrow type
+            # (aten.rms_norm's), which only casts back to that type may read
             return source, list(shape[rank - n :]), float(eps), [*dead, x]
+        if str(_dtype(x)) not in ("torch.float32", "torch.float64"):  # (16-bit ops round each step; rmsnorm
+            # would compute in fp32)
+            continue
         return x, list(shape[rank - n :]), float(eps), dead
     return None
 
@@ -93,12 +101,32 @@ def _match(mul: Any) -> tuple[Any, list[int], float, list[Any]] | None:
 _CASTS = ("aten.to.dtype", "aten._to_copy.default", "prims.convert_element_type.default")
 
 
+def _dtype(node: Any) -> Any:
+    return getattr(getattr(node, "meta", {}).get("val"), "dtype", None)
+
+
+_ASSERT = "aten._assert_tensor_metadata.default"  # (torch.export's check of a cast's input: not a use)
+
+
+def _narrowed_back(node: Any, dtype: Any) -> bool:
+    """Whether every reader of `node` is a cast of it to `dtype` alone (or export's check of its metadata)."""
+    casts = [u for u in node.users if _target(u) != _ASSERT]
+    return bool(casts) and all(
+        _target(u) in _CASTS and u.args and u.args[0] is node and _dtype(u) == dtype and _plain_cast(u) for u in casts
+    )
+
+
+def _plain_cast(cast: Any) -> bool:
+    """Whether the cast changes the type alone (no device, layout or memory format of its own)."""
+    return all(v is None or k in ("dtype", "copy", "non_blocking") for k, v in cast.kwargs.items())
+
+
 def _widened(x: Any, readers: set[Any]) -> Any:
     """The 16-bit tensor `x` widens to float32, where `x` is that cast and read by `readers` alone (else None):
     left in, the cast would be written out as a float32 tensor between the producer and the norm."""
     import torch
 
-    if _target(x) not in _CASTS or set(x.users) != readers or not x.args:
+    if _target(x) not in _CASTS or set(x.users) != readers or not x.args or not _plain_cast(x):
         return None
     source = x.args[0]
     wide = getattr(x.meta.get("val"), "dtype", None)
@@ -124,6 +152,8 @@ def recognise_rms_norms(gm: Any, notes: list[str] | None = None) -> int:
         with graph.inserting_before(mul):
             norm = graph.call_function(torch.ops.aten.rms_norm.default, (x, shape, None, eps))
         norm.meta = dict(mul.meta)
+        for check in [u for u in mul.users if _target(u) == _ASSERT]:  # (of the fp32 value the norm no longer makes)
+            graph.erase_node(check)
         mul.replace_all_uses_with(norm)
         graph.erase_node(mul)
         for node in dead:  # (each read only by the ops erased before it)

@@ -12,7 +12,7 @@ import pytest
 from opgraph.build.compile import compile_steps, merged
 from opgraph.build.planner import Step
 from opgraph.core.config import EngineConfig
-from opgraph.core.errors import ExecutionError, InternalError
+from opgraph.core.errors import ExecutionError, GraphError, InternalError
 from opgraph.core.piece import make_piece
 from opgraph.engines import ENGINES
 from opgraph.engines.base import CompileReport, Kernel
@@ -174,6 +174,12 @@ def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, mon
     assert [list(x) for x in a.batches[1:]] == [["bad2"], ["ok"]]  # its own alternative, then `more`'s
     # none of its own compiles: the other engine's alternative, as before
     out, _ = compile_steps([failing], H100, "parallel", lambda s: [cfg("aot_a", "bad2")])
+    assert out[0].config == fallback
+
+    def refuses(s):
+        raise GraphError("no configs in mode B", rule="engine.no_config")
+
+    out, _ = compile_steps([failing], H100, "parallel", refuses)  # (its alternatives still serve)
     assert out[0].config == fallback
 
 

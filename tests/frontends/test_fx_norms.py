@@ -117,3 +117,54 @@ def test_the_torch_compile_backend_recognises_them_where_the_backward_does_not_r
     torch.testing.assert_close(x.grad, want[0], rtol=1e-5, atol=1e-6)
     assert counts[1:] and set(counts[1:]) == {0}, counts
     torch._dynamo.reset()
+
+
+class Norm(torch.nn.Module):
+    """The norm alone: `widen` casts x to fp32 first; `after` what reads the result: "cast" (back to x's type,
+    Llama's), "fp32" (a multiply in fp32, Gemma's `* (1 + w.float())`)."""
+
+    def __init__(self, widen: bool = True, after: str = "cast", eps: float = 1e-6) -> None:
+        super().__init__()
+        self.widen, self.after, self.eps = widen, after, eps
+        self.weight = torch.nn.Parameter(0.1 * torch.randn(16))
+
+    def forward(self, x):
+        h = x.to(torch.float32) if self.widen else x
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h.to(x.dtype) if self.after == "cast" else h * (1.0 + self.weight.float())
+
+
+def _rewritten(module, x):
+    program = torch.export.export(module, (x,))
+    return recognise_rms_norms(program.graph_module), program
+
+
+def test_a_result_read_in_fp32_keeps_the_widening_cast():
+    """Gemma's norm result is multiplied in fp32: the norm then reads the fp32 cast (its result fp32, as the graph's
+    metadata says), so PyTorch running the rewritten graph computes what eager does; Llama's, cast straight back,
+    reads the bf16 input (one rounding either way)."""
+    torch.manual_seed(0)
+    x = (3 * torch.randn(2, 5, 16)).to(torch.bfloat16)
+    for after in ("fp32", "cast"):
+        module = Norm(after=after)
+        count, program = _rewritten(module, x)
+        norm = next(n for n in program.graph_module.graph.nodes if str(n.target) == "aten.rms_norm.default")
+        assert count == 1 and norm.args[0].meta["val"].dtype == (torch.float32 if after == "fp32" else torch.bfloat16)
+        got, want = program.module()(x), module(x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=1e-6 if after == "fp32" else 1e-2, atol=1e-6)
+
+
+def test_what_rmsnorm_would_compute_otherwise_stays_as_written():
+    """A 16-bit x never widened (each op rounds: fp16 x of 300 squares to inf, the ops give 0 where rmsnorm's
+    fp32 gives 1), a negative eps (no rmsnorm's), a 0-d x (no axis to normalise): not rewritten."""
+    x16 = torch.full((2, 16), 300.0, dtype=torch.float16)
+    count, program = _rewritten(Norm(widen=False, after="none"), x16)
+    assert count == 0 and torch.equal(program.module()(x16), Norm(widen=False, after="none")(x16))
+    assert _rewritten(Norm(eps=-0.5), torch.randn(2, 16))[0] == 0
+
+    class Scalar(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    assert _rewritten(Scalar(), torch.tensor(2.0))[0] == 0

@@ -70,6 +70,8 @@ def analyze(piece: Piece) -> Scatter | Support:
     for t in (grad, indices, dweight):
         if t.is_pass_by_value or not all(isinstance(d, int) for d in t.dim):
             return Support.no(f"{t.label()} is a pass-by-value scalar or has dynamic dims", node)
+    if grad.data_type is DataType.DOUBLE:
+        return Support.no(f"{grad.label()} is float64, which the torch engine sums in float64", node)
     if dweight.data_type is not DataType.FLOAT:
         return Support.no(
             f"the table's gradient {dweight.label()} is {dweight.data_type.value}; the scatter adds in fp32 by "
@@ -167,7 +169,7 @@ class EmbeddingBackwardMatch(Match[ScatterKnobs]):
             f"row = tl.load({idx} + {idx_off}, mask=tmask, other=-1).to(tl.int64)",
             f"ok = {' & '.join(valid)}",
             f"goff = {grad_off}",
-            f"d = tl.program_id(1) * {knobs.BLOCK} + tl.arange(0, {knobs.BLOCK})",
+            f"d = tl.program_id(1).to(tl.int64) * {knobs.BLOCK} + tl.arange(0, {knobs.BLOCK})",
             f"both = ok[:, None] & (d < {width})[None, :]",
             f"tl.atomic_add({w} + row[:, None] * {w0} + d[None, :] * {w1}, {grad_value}, mask=both)",
         ]
