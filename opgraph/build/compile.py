@@ -208,7 +208,12 @@ def _replace(
             log.info("step %d: alternative %s failed too: %s", step.index, alt, err)
             continue
         others = tuple(c for c in (step.config, *step.alternatives) if c is not alt)
-        return dataclasses.replace(step, config=alt, kernel=kernel, alternatives=others)
+        note = f"runs {alt} because {step.config} failed to compile: {why}"
+        # (another engine: the step may run far slower than ranked, which nothing else shows)
+        (log.warning if alt.engine != engine_name else log.info)(
+            "step %d (%s) %s", step.index, step.piece.label(), note
+        )
+        return dataclasses.replace(step, config=alt, kernel=kernel, alternatives=others, note=note)
     raise ExecutionError(
         f"step {step.index} ({step.piece.label()}): {step.config} failed to compile: {why}",
         op=step.piece.nodes[0].label(),

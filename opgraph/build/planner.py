@@ -38,6 +38,8 @@ class Step:
     config: EngineConfig
     kernel: Kernel = field(compare=False, repr=False)
     alternatives: tuple[EngineConfig, ...] = ()
+    # why the step runs other than the config ranked first for it (its kernel did not compile: compile.py)
+    note: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,8 @@ class ExecutionPlan:
             lines.append(f"      reads {ins or '-'}; writes {outs or '-'}")
             if step.alternatives:
                 lines.append("      alternatives: " + "; ".join(str(c) for c in step.alternatives))
+            if step.note:
+                lines.append(f"      note: {step.note}")
         for cut in self.cuts:
             reasons = "; ".join(f"{e}: {why}" for e, why in cut.reasons)
             lines.append(f"  not fused: step {cut.before} | {cut.node.label()}: {reasons}")

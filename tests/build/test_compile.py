@@ -5,6 +5,7 @@ alternative that compiles. Fake engines with fake compilers, on a simulated GPU 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import pytest
@@ -151,7 +152,7 @@ def test_an_alternative_over_the_devices_shared_memory_is_not_taken(piece, monke
     assert info.value.rule == "build.compile_failed" and "233472 bytes" in str(info.value)
 
 
-def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, monkeypatch):
+def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, monkeypatch, caplog):
     """The heuristic's mode A offers one generated config a piece, then PyTorch's: a Llama's norm-backward GEMM
     whose Gluon kernel did not fit the H200's shared memory under Triton 3.6 ran on the torch engine, 20x slower.
     The failed config's engine is asked first: its alternatives, then its configs among `more` (the piece's in
@@ -173,8 +174,12 @@ def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, mon
     assert out[0].config == good and out[0].alternatives == (failing.config, fallback, broken)
     assert [list(x) for x in a.batches[1:]] == [["bad2"], ["ok"]]  # its own alternative, then `more`'s
     # none of its own compiles: the other engine's alternative, as before
-    out, _ = compile_steps([failing], H100, "parallel", lambda s: [cfg("aot_a", "bad2")])
+    with caplog.at_level(logging.WARNING, logger="opgraph.build"):
+        out, _ = compile_steps([failing], H100, "parallel", lambda s: [cfg("aot_a", "bad2")])
     assert out[0].config == fallback
+    # (another engine's config: said in the plan's description and warned, where it may run far slower)
+    assert "failed to compile: boom" in out[0].note and "aot_b" in out[0].note
+    assert any("failed to compile" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
     def refuses(s):
         raise GraphError("no configs in mode B", rule="engine.no_config")
