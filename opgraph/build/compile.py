@@ -108,9 +108,10 @@ def compile_steps(
         report.seconds,
     )
     out = list(steps)
+    known = dict(report.failed)  # (kernels that failed: a model's repeated layers try the same alternatives)
     for i in sorted({i for key in report.failed for i in owners[key]}):
         errors = {k: report.failed[k] for k in report.failed if i in owners[k]}
-        out[i] = _replace(out[i], device, errors, parallel=mode == "parallel", more=_more(more, out[i]))
+        out[i] = _replace(out[i], device, errors, parallel=mode == "parallel", more=_more(more, out[i]), known=known)
     return out, stats
 
 
@@ -176,7 +177,13 @@ def _more(more: Callable[[Any], Sequence[EngineConfig]] | None, step: Any) -> Se
 
 
 def _replace(
-    step: Any, device: Device, errors: dict[str, str], *, parallel: bool, more: Sequence[EngineConfig] = ()
+    step: Any,
+    device: Device,
+    errors: dict[str, str],
+    *,
+    parallel: bool,
+    more: Sequence[EngineConfig] = (),
+    known: dict[str, str] | None = None,
 ) -> Any:
     """The step with its first alternative config whose kernels compile (where the build's mode
     compiles: in workers unless compile="serial"; checked as the batch was: a kernel over the device's
@@ -184,7 +191,9 @@ def _replace(
     taken either). The failed config's engine is asked first (its alternatives, then its configs in
     `more`): a kernel that does not compile says nothing of the engine's others, and the next engine in
     the ranking may be op-by-op PyTorch (the heuristic's mode A offers one generated kernel a piece:
-    a Llama's norm-backward GEMMs ran 20x slower on the torch engine when theirs did not compile)."""
+    a Llama's norm-backward GEMMs ran 20x slower on the torch engine when theirs did not compile). `known`:
+    kernels already failed (by key), not compiled again, and where this call's failures are added."""
+    known = {} if known is None else known
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
     engine_name = step.config.engine
@@ -201,7 +210,10 @@ def _replace(
             kernel = engine.compile(step.piece, alt, device)
             compiler = engine.compiler()
             specs = {spec.key: (spec, fn) for spec, fn in kernel.compile_specs()}
-            failed = compiler.compile_all(specs, parallel=parallel).failed if compiler is not None and specs else {}
+            failed = {k: known[k] for k in specs if k in known}
+            if not failed and compiler is not None and specs:
+                failed = compiler.compile_all(specs, parallel=parallel).failed
+                known.update(failed)
             if failed:
                 raise ExecutionError("; ".join(failed.values()), rule="build.compile_failed")
         except Exception as err:  # noqa: BLE001 - the next alternative

@@ -188,6 +188,19 @@ def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, mon
     assert out[0].config == fallback
 
 
+def test_a_kernel_that_failed_is_not_compiled_again_for_another_step(piece, monkeypatch):
+    """A model's repeated layers: their steps share the failed kernel and try the same alternatives; one that
+    failed for the first step is not compiled again for the next."""
+    a = FakeCompiler(failing={"bad", "bad2"})
+    monkeypatch.setitem(ENGINES, "aot_a", AotEngine("aot_a", a))
+    broken, good = EngineConfig("aot_a", (("keys", ("bad2",)),)), EngineConfig("aot_a", (("keys", ("ok",)),))
+    steps = [step(i, piece, "aot_a", "bad", alternatives=(broken, good)) for i in range(3)]
+    out, _ = compile_steps(steps, H100, "parallel")
+    assert all(s.config == good for s in out)
+    compiled = [k for batch in a.batches[1:] for k in batch]
+    assert compiled.count("bad2") == 1 and compiled.count("bad") == 0, compiled
+
+
 def test_specs_from_an_engine_without_a_compiler_are_a_bug(piece, monkeypatch):
     monkeypatch.setitem(ENGINES, "plain", FakeEngine("plain"))
     with pytest.raises(InternalError):
