@@ -446,12 +446,38 @@ def test_shared_memory_holds_the_tiles_and_stages_counted():
         tiles = sum(_tile_bytes(m, u) for u in (*tma_stores(m), *tile_loads(m))) + _row_sums_scratch(m)
         used = tiles + k.stages * stage_bytes(m, k.BLOCK_M, k.BLOCK_N, k.BLOCK_K) + BARRIER_BYTES
         assert k.stages >= 2 and used <= WS_SMEM, (g.name, k.stages, used)
+        # what the generated kernel allocates, read from its source and its descriptors' blocks
+        allocated = _allocated_bytes(g)
+        assert allocated == used - _row_sums_scratch(m) - BARRIER_BYTES, (g.name, allocated, used)
     m = _template().matched(_piece(norm_weight_gradient()), H200)
     assert len(tma_stores(m)) == 1 and len(tile_loads(m)) == 1  # (the bf16 input then read through pointers)
     consumer = (src := _source(norm_weight_gradient()))[
         src.index("def kernel_ws_consumer") : src.index("\ndef kernel(")
     ]
     assert "_og_gl_tma_store(desc_c" in consumer and consumer.count("tl.load(") == 1
+
+
+def _allocated_bytes(g) -> int:
+    """The shared memory the WS=1 kernel's source allocates for tiles: each `gl.allocate_shared_memory` of a
+    descriptor's block (times its stages), the block and element type read from the launch's descriptor."""
+    import math
+    import re
+
+    piece = _piece(g)
+    gen = generate(_template(), piece, dict(_forced(g).pairs()), H200)
+    launch = next(l for l in gen.launches if l.kernel == "kernel")
+    head = gen.source[gen.source.index("\ndef kernel(") :]
+    names = [p.split(":")[0].strip() for p in head[head.index("(") + 1 : head.index(")")].split(",")]
+    blocks = {
+        n: (a.block, piece.graph.tensors[a.uid].data_type.itemsize)
+        for n, a in zip(names, launch.args)
+        if a.kind == "desc"
+    }
+    total = 0
+    for found in re.finditer(r"gl\.allocate_shared_memory\((\w+)\.dtype, (\[(\d+)\] \+ )?", gen.source):
+        block, size = blocks[found.group(1)]
+        total += int(found.group(3) or 1) * math.prod(block) * size
+    return total
 
 
 def test_a_row_reduction_stores_partials_and_combines_in_triton():
