@@ -101,6 +101,8 @@ def test_build_time_per_op_stays_flat_from_250_to_2000_ops(engines):
     if engines != ["reference"]:
         pytest.importorskip("torch")
     _per_op_seconds(250, engines, 1)  # warm: imports, the first generated module
-    small = _per_op_seconds(250, engines, 3)
-    big = _per_op_seconds(2000, engines, 2)
+    small = big = float("inf")
+    for _ in range(3):  # (interleaved: another process's load, as under xdist, weighs on both alike)
+        small = min(small, _per_op_seconds(250, engines, 1))
+        big = min(big, _per_op_seconds(2000, engines, 1))
     assert big <= 2.0 * max(small, 2e-5), f"per op: 250 ops {small * 1e3:.3f} ms, 2,000 ops {big * 1e3:.3f} ms"
