@@ -26,7 +26,7 @@ from ..core.op import Draft, NodeContext, Op, TensorSpec
 from ..core.symbolic import Dim, Expr, free_symbols, provably_le
 from ..core.tensor import Tensor, TensorDesc, format_dims, is_dynamic, packed_strides, stride_order
 from ..ops.base import strides_like
-from .placement import place_epilogues, place_views
+from .placement import place_epilogues, place_generators, place_views
 
 if TYPE_CHECKING:
     from .builder import Graph, OpRecord
@@ -65,9 +65,8 @@ def finalize(g: Graph) -> tuple[FinalGraph, dict[int, int]]:
         # before it is overwritten, so it is described like any graph input.
         if id(t) not in producer_of and (uid not in aliases or uid in inplace):
             descs.setdefault(uid, _input_desc(g, t, uid))
-    nodes = place_epilogues(
-        place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs), descs
-    )
+    nodes = place_views([_finalize_node(g, records[i], uids, descs, aliases) for i in order], descs)
+    nodes = place_generators(place_epilogues(nodes, descs), descs)
     if len(nodes) > 1:
         _check_inplace(nodes, descs)
     mark_images(nodes, descs)

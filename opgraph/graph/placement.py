@@ -18,10 +18,14 @@ order and theirs alone. So, after the topological order is fixed:
   updates in place the tensor it reads (the view must read the old value).
 
 Neither changes a value: a view's result is a function of its input alone.
+
+Last, generators (`place_generators`): an op making a large value from small ones moves to just before
+the first op reading it, where that op's kernel computes it in registers instead of reading it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -277,3 +281,111 @@ def _sink(nodes: list[Node]) -> list[Node]:
             stack.append((m, True))
             stack.extend((v, False) for v in reversed(attached.get(pos[id(m)], ())))
     return out
+
+
+# a generator's operand, if not a shape, a literal or another generator's value, is broadcast into at least
+# this many elements of the result each (a dynamic size counts as many); GQA's repeat of keys and values
+# (a broadcast along an axis of 2 to 8 heads) is no generator
+GENERATED_PER_READ = 16
+
+
+def place_generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> list[Node]:
+    """`nodes` with each generator placed right before the op reading its value, after the generators and
+    views it reads. A generator is a pointwise op whose virtual result one op reads and whose operands are
+    all cheap to read there: a shape (`gen_index` reads its input's dims only), a literal, another
+    generator's value, or a value broadcast into GENERATED_PER_READ elements of the result or more each (a
+    per-row target); views of generators' values and views only generators read move with them; nothing
+    reading a tensor that an op updates in place moves. The topological order puts a generator as early
+    as its inputs allow: cross-entropy's one-hot labels (`cmp_eq(gen_index(logits), target)`, [tokens,
+    vocab] floats) came right after the logits, the greedy partition fused them into the max's reduction,
+    and that kernel wrote them out for the two later passes reading them (1 GB for the Llama training
+    step's 4096 x 32000 logits: bench/results/constants.md#generators). Placing an order again leaves it."""
+    late = _generators(nodes, descs)
+    if not late:
+        return nodes
+    producer = {u: i for i, n in enumerate(nodes) for u in n.output_uids()}
+    out: list[Node] = []
+    placed: set[int] = set()
+
+    def place(n: Node, chain: list[Node]) -> None:
+        """The late ops n reads, each after the late ops it reads (depth first, no recursion: a chain of
+        views may be long), onto `chain`."""
+        stack: list[tuple[int, bool]] = [(p, False) for p in reversed(late_inputs(n))]
+        while stack:
+            i, ready = stack.pop()
+            if i in placed:
+                continue
+            if ready:
+                placed.add(i)
+                chain.append(nodes[i])
+                continue
+            stack.append((i, True))
+            stack.extend((p, False) for p in reversed(late_inputs(nodes[i])))
+
+    def late_inputs(n: Node) -> list[int]:
+        found = (producer.get(u) for u in dict.fromkeys(n.input_uids()))
+        return [p for p in found if p is not None and p in late and p not in placed]
+
+    for i, n in enumerate(nodes):
+        if i in late:
+            continue
+        chain: list[Node] = []
+        place(n, chain)
+        if not chain:
+            out.append(n)
+            continue
+        # before the views place_views put right before n (unless they and the generators are related)
+        made = {u for m in chain for u in m.output_uids()}
+        read = {u for m in chain for u in m.input_uids()}
+        at = len(out)
+        while at and out[at - 1].kind in VIEW_KINDS:
+            v = out[at - 1]
+            if made & set(v.input_uids()) or read & set(v.output_uids()):
+                break
+            at -= 1
+        out[at:at] = chain
+        out.append(n)
+    out += [n for i, n in enumerate(nodes) if i in late and i not in placed]  # (generators no op reads)
+    return out
+
+
+def _generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> set[int]:
+    """Positions of the generators, the views of their values and the views only generators read
+    (place_generators)."""
+    producer = {u: i for i, n in enumerate(nodes) for u in n.output_uids()}
+    in_place = {u for n in nodes for u in set(n.input_uids()) & set(n.output_uids())}
+    readers = _readers(nodes)
+    late: set[int] = set()
+    for i, n in enumerate(nodes):
+        outs = n.output_uids()
+        if not outs or set(n.input_uids()) & in_place:
+            continue
+        if not all(descs[u].is_virtual and len(readers.get(u, ())) == 1 for u in outs):
+            continue  # (a value several ops read stays where the first kernel reading it can store it)
+        if n.kind in VIEW_KINDS:
+            if all(producer.get(u) in late for u in n.input_uids()):
+                late.add(i)
+        elif n.kind == "pointwise" and _cheap_operands(n, descs, late, producer):
+            late.add(i)
+    for i in range(len(nodes) - 1, -1, -1):  # (views that only generators read, the last first)
+        n = nodes[i]
+        if n.kind in VIEW_KINDS and i not in late and all(descs[u].is_virtual for u in n.output_uids()):
+            read_by = [r for u in n.output_uids() for r in readers.get(u, [])]
+            if read_by and all(r in late for r in read_by) and not set(n.input_uids()) & in_place:
+                late.add(i)
+    return late
+
+
+def _cheap_operands(n: Node, descs: Mapping[int, TensorDesc], late: set[int], producer: dict[int, int]) -> bool:
+    (out_role,) = n.op.output_roles()
+    out = descs[n.output_uids()[0]].dim
+    for role, v in zip(n.op.input_roles(), n.inputs):
+        if not isinstance(v, int) or n.op.dependence(out_role, role) == "none" or producer.get(v) in late:
+            continue
+        dims = descs[v].dim
+        if len(dims) != len(out):
+            return False
+        spread = [o for d, o in zip(dims, out) if d == 1 and o != 1]  # (the axes it is broadcast along)
+        if not any(not isinstance(o, int) for o in spread) and math.prod(spread) < GENERATED_PER_READ:
+            return False
+    return True

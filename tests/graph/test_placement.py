@@ -1,5 +1,6 @@
 """graph/placement.py: views read by several ops are duplicated per reader, every view sits right before the
-first op that depends on it, and a GEMM's would-be epilogue moves up next to it; the values never change
+first op that depends on it, a GEMM's would-be epilogue moves up next to it and a generator down to its
+reader; the values never change
 (the reference engine against NumPy or its own op-by-op results)."""
 
 from __future__ import annotations
@@ -290,3 +291,90 @@ def test_an_epilogue_at_the_end_of_a_long_chain_of_views_moves_without_recursion
     g.exp(y, name="last").set_output(True)
     names = _order(g)
     assert names.index("last") < names.index("unrelated"), names[:4]
+
+
+def _cross_entropy_parts(classes: int = 64) -> og.Graph:
+    """A loss's passes over logits as training.losses emits them: the row max, then the sum of exps and the
+    picked logit, whose one-hot labels (made from the classes' indices and the per-row target) are
+    recorded before the passes that read them."""
+    g = og.Graph("ce", io_data_type=DT.FLOAT)
+    logits = g.tensor(dim=[8, classes], name="logits")
+    target = g.tensor(dim=[8, 1], name="target", data_type=DT.INT64)
+    m = g.reduction(logits, mode=og.ReductionMode.MAX, name="max").set_dim([8, 1])
+    onehot = g.cmp_eq(g.gen_index(logits, 1, name="classes"), target, name="onehot").set_data_type(DT.FLOAT)
+    shifted = g.sub(logits, m, name="shift")
+    total = g.reduction(g.exp(shifted, name="exp"), mode=og.ReductionMode.ADD, name="sum").set_dim([8, 1])
+    total.set_output(True)
+    picked = g.reduction(g.mul(onehot, shifted, name="pick"), mode=og.ReductionMode.ADD, name="picked")
+    picked.set_dim([8, 1]).set_output(True)
+    return g
+
+
+def test_a_generator_moves_to_its_reader_and_no_kernel_stores_its_value():
+    """The one-hot labels sit right before the op picking with them: the partition fuses them into that
+    pass over the logits, and no piece writes them (the max's kernel stored [tokens, vocab] floats)."""
+    from opgraph.build.partition import partition
+    from opgraph.build.planner import usable_engines
+
+    from ..build.fakes import CPU
+
+    g = _cross_entropy_parts()
+    assert _order(g) == ["max", "shift", "exp", "sum", "classes", "onehot", "pick", "picked"]
+    final = g.final
+    onehot = next(u for n in final.nodes if n.name in ("classes", "onehot") for u in n.output_uids())
+    pieces, _ = partition(final, usable_engines(["triton"], CPU), CPU)
+    assert all(onehot not in p.outputs for p in pieces), [p.label() for p in pieces]
+    assert [[n.name for n in p.nodes] for p in pieces][-1][-3:] == ["onehot", "pick", "picked"]
+
+
+@pytest.mark.interpreter
+def test_a_placed_generator_computes_the_reference_in_generated_kernels(rng):
+    g = _cross_entropy_parts()
+    target = next(u for u in g.final.inputs if g.final.tensors[u].name == "target")
+    targets = rng.integers(0, 64, size=(8, 1))
+    plan = g.build(device="cpu", engines=["triton"])
+    bad = og.testing.check_plan(plan, rng, prepare=lambda p: p.__setitem__(target, targets), rtol=1e-4, atol=1e-4)
+    assert not bad, "\n".join(map(str, bad)) + "\n" + plan.describe()
+
+
+def test_a_broadcast_by_a_few_is_no_generator():
+    """Keys repeated for grouped-query heads (a broadcast along an axis of 2) stay where they are: their
+    value is no cheaper to compute where it is read than to store."""
+    from opgraph.graph.placement import GENERATED_PER_READ
+
+    assert GENERATED_PER_READ > 2
+    g = og.Graph("repeat", io_data_type=DT.FLOAT)
+    k = g.tensor(dim=[2, 1, 16], name="k")
+    ones = g.tensor(dim=[1, 2, 1], name="ones")
+    other = g.tensor(dim=[3], name="other")
+    rep = g.mul(k, ones, name="repeat")
+    g.exp(other, name="unrelated").set_output(True)
+    g.exp(rep, name="reader").set_output(True)
+    assert _order(g) == ["repeat", "unrelated", "reader"]
+
+
+def test_a_generator_reading_a_tensor_updated_in_place_stays_before_the_update(rng):
+    """A per-row value spread over the columns by their indices, read after an in-place update of that
+    row value in recording order: it is no generator to move (it would read the new value)."""
+    g = og.Graph("gen_inplace", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[8, 64], name="x", uid=1)
+    row = g.tensor(dim=[8, 1], name="row", uid=2)
+    spread = g.add(row, g.gen_index(x, 1, name="idx").set_data_type(DT.FLOAT), name="spread")
+    g.add(row, 1.0, name="bump").set_uid(2).set_output(True)
+    g.mul(spread, g.exp(x, name="unrelated"), name="reader").set_output(True)
+    names = _order(g)
+    assert names.index("spread") < names.index("bump"), names
+    final = g.final
+    pack = random_pack(final, rng)
+    old = pack[2].copy()
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    want = (old + np.arange(64)) * np.exp(pack[1])
+    np.testing.assert_allclose(pack[final.tensor("reader::output").uid], want, rtol=1e-6)
+
+
+def test_placing_generators_again_leaves_them():
+    from opgraph.graph.placement import place_generators
+
+    final = _cross_entropy_parts().final
+    again = place_generators(list(final.nodes), final.tensors)
+    assert [n.name for n in again] == [n.name for n in final.nodes]
