@@ -75,9 +75,15 @@ class GemmPiece:
         return self.tensor(uid)
 
     def moved_bytes(self) -> int:
-        """Bytes the piece reads and writes at least once (its inputs and outputs)."""
+        """Bytes the piece reads and writes at least once (its inputs and outputs; a tensor it updates in
+        place, an optimizer's moments and parameters, both read and written)."""
         p = self.piece
-        return sum(p.tensor(u).nbytes for u in (*p.inputs, *p.outputs) if not p.tensor(u).is_pass_by_value)
+        updated = {u for n in p.nodes for u in set(n.input_uids()) & set(n.output_uids())}
+        return sum(
+            p.tensor(u).nbytes * (2 if u in updated else 1)
+            for u in (*p.inputs, *p.outputs)
+            if not p.tensor(u).is_pass_by_value
+        )
 
 
 def _broadcasts_to(dim: tuple[int, ...], space: tuple[int, ...]) -> bool:

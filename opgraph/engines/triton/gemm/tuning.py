@@ -67,8 +67,8 @@ def estimate_us(
 ) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
-    outputs) and by the operand tiles the programs load through the L2 cache, plus split-K's partials
-    and its extra launch. With `latency_floor` (measured on the matmul template's loops, not the convs'),
+    outputs) and by the operand tiles the programs load through the L2 cache, plus what the epilogue moves
+    beyond a plain store (which overlaps no math), split-K's partials and its extra launch. With `latency_floor` (measured on the matmul template's loops, not the convs'),
     also by the latency of each program's serial main loop (LOAD_LATENCY)."""
     assert knobs.BLOCK_K is not None
     bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
@@ -104,9 +104,16 @@ def estimate_us(
             if knobs.ws:
                 eff *= 1.08  # a loader warp, the consumers' products in flight (constants.md#warp-specialized-gemm)
     t_math = waves * 2.0 * bm * bn * bk * -(-iters // split) / (peak * eff)
-    moved = moved_bytes or ((m + n) * k * elem_bytes + m * n * 2) * nprog
+    plain = ((m + n) * k * elem_bytes + m * n * max(elem_bytes, 2)) * nprog
+    moved = moved_bytes or plain
     tiles_loaded = programs * (bm + bn) * bk * -(-iters // split) * elem_bytes
     t = max(t_math, moved / BANDWIDTH, tiles_loaded / L2_BANDWIDTH)
+    # What an epilogue moves beyond a plain product's store follows each program's main loop, and programs
+    # that start together run their epilogues together: that traffic overlaps no math, but for a second
+    # resident program a multiprocessor runs meanwhile (the Llama's weight gradients with AdamW's update
+    # took 69-71 µs where a library GEMM and a separate update took 54; a residual add costs the output
+    # projection 7-11 µs: bench/results/constants.md#exposed-epilogue)
+    t += max(0, moved - plain) / BANDWIDTH / (1 if knobs.persistent else ctas)
     if latency_floor:
         t = max(t, rounds * -(-iters // split) * LOAD_LATENCY / max(stages - 1, 1))
     if split > 1:
