@@ -172,44 +172,33 @@ def host_us(fn: Callable[[], Any], budget: Budget, cuda: bool, calls: int = MAX_
     return statistics.median(out)
 
 
-def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
-    """Device µs per call: the profiler's sum of kernel, memcpy and memset durations over `calls` calls."""
+def _cuda_events(fn: Callable[[], Any], calls: int, warmup: int) -> list[Any]:
+    """The profiler's CUDA events over `calls` calls of fn, after `warmup` unprofiled ones."""
     torch = _torch()
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) == DeviceType.CUDA:
-            total += ev.time_range.elapsed_us()
-    return total / calls
-
-
-def call_kernels(fn: Callable[[], Any], calls: int = 10) -> list[tuple[str, float]]:
-    """The GPU kernels of one call of fn in launch order, (name, device µs) each: PyTorch's profiler over
-    `calls` calls (after three unprofiled ones), the last call's share of them (scripts/plan_profile.py,
-    scripts/inductor_profile.py)."""
-    torch = _torch()
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == DeviceType.CUDA and e.device_time > 0),
-        key=lambda e: e.time_range.start,
-    )
+    return [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+
+
+def kernel_sum_us(fn: Callable[[], Any], calls: int = 5) -> float:
+    """Device µs per call: the profiler's sum of kernel, memcpy and memset durations over `calls` calls."""
+    return sum(e.time_range.elapsed_us() for e in _cuda_events(fn, calls, warmup=1)) / calls
+
+
+def call_kernels(fn: Callable[[], Any], calls: int = 10) -> list[tuple[str, float]]:
+    """The GPU kernels of one call of fn in launch order, (name, device µs) each: PyTorch's profiler over
+    `calls` calls (after three unprofiled ones), the last call's share of them (scripts/plan_profile.py,
+    scripts/inductor_profile.py)."""
+    events = [e for e in _cuda_events(fn, calls, warmup=3) if e.device_time > 0]
+    kernels = sorted(events, key=lambda e: e.time_range.start)
     return [(e.name, e.device_time) for e in kernels[-(len(kernels) // calls) :]]
 
 

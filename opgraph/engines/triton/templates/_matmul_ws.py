@@ -128,16 +128,7 @@ def tma_stores(m: MatmulMatch) -> list[int]:
     order, while they fit beside two stages of operands and the sums' scratch; the others keep pointer stores
     (`store_descriptors` decides alike with the config's stages, which `ws_config` fits to these tiles)."""
     gp = m.gp
-    room = WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
-    stores = []
-    for u in gp.stores:
-        if not tma_storable(gp, gp.tensor(u), u):
-            continue
-        room -= _tile_bytes(m, u)
-        if room < 0:
-            break
-        stores.append(u)
-    return stores
+    return _fitting(m, [u for u in gp.stores if tma_storable(gp, gp.tensor(u), u)], _spare_tile_bytes(m))
 
 
 def tile_loads(m: MatmulMatch) -> list[int]:
@@ -153,18 +144,29 @@ def tile_loads(m: MatmulMatch) -> list[int]:
     # (those that fit beside two stages, the sums' scratch and the TMA-stored outputs' tiles: the others are
     # read through pointers; a Llama's RMSNorm weight gradient, whose data gradient stores an fp32 tile and
     # loads two, came to 233,532 bytes in Triton 3.6 when the stored tile was left out of this count)
-    room = WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
-    room -= sum(_tile_bytes(m, u) for u in tma_stores(m))
-    loads = []
-    for u in read:
-        t = gp.tensor(u)
-        if u not in inputs or u in operands or t.is_pass_by_value or not tma_storable(gp, t, u):
-            continue
+    room = _spare_tile_bytes(m) - sum(_tile_bytes(m, u) for u in tma_stores(m))
+    tiles = [
+        u
+        for u in read
+        if u in inputs and u not in operands and not gp.tensor(u).is_pass_by_value and tma_storable(gp, gp.tensor(u), u)
+    ]
+    return _fitting(m, tiles, room)
+
+
+def _spare_tile_bytes(m: MatmulMatch) -> int:
+    """Shared memory beside two stages of operands, the barriers and the row sums' scratch (WS_TILE)."""
+    return WS_SMEM - BARRIER_BYTES - 2 * stage_bytes(m, *WS_TILE) - _row_sums_scratch(m)
+
+
+def _fitting(m: MatmulMatch, uids: list[int], room: int) -> list[int]:
+    """The first of `uids` whose tiles (WS_TILE's) fit in `room` bytes together, in order."""
+    out = []
+    for u in uids:
         room -= _tile_bytes(m, u)
         if room < 0:
             break
-        loads.append(u)
-    return loads
+        out.append(u)
+    return out
 
 
 def _tile_bytes(m: MatmulMatch, uid: int, block_m: int = WS_TILE[0], block_n: int = WS_TILE[1]) -> int:
