@@ -43,5 +43,13 @@ def test_gpt2_plan_for_an_h100_reads_the_logits_twice_and_recomputes_no_attentio
     assert not [n for r in rows for n in r["names"] if "sdpa_recompute" in n]
     gemms = [r for r in rows if r["template"] == "matmul" or r["engine"] == "library"]
     assert len(gemms) == 3 * 5 and all(r["engine"] == "triton" for r in gemms if r["engine"] != "library")
-    # (cuBLAS leads only on the LM head's data gradient: K = 50,304 over 48 output tiles of 128 x 128; policy.RULES)
-    assert [r["names"][1] for r in gemms if r["engine"] == "library"] == ["dlinear_4.matmul.dA.2"]
+    # (cuBLAS leads on the LM head's data gradient: K = 50,304 over 48 output tiles of 128 x 128; and, with
+    # a separate update, on the large weight gradients whose epilogue reads and writes AdamW's moments and
+    # parameters after the main loop, few tiles to overlap it: policy.RULES, constants.md#exposed-epilogue)
+    library = [r["names"][1] for r in gemms if r["engine"] == "library"]
+    assert library == [
+        "dlinear_4.matmul.dA.2",
+        "dlinear_3.matmul.dB.15",
+        "dlinear_2.matmul.dB.22",
+        "dlinear.matmul.dB.50",
+    ]
