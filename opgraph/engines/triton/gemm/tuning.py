@@ -67,9 +67,10 @@ def estimate_us(
 ) -> float:
     """A rough time model of one config on a Hopper GPU: waves of programs x one tile's math at the
     tile's efficiency, bounded below by the bytes the piece moves (`moved_bytes`: its inputs and
-    outputs) and by the operand tiles the programs load through the L2 cache, plus what the epilogue moves
-    beyond a plain store (which overlaps no math), split-K's partials and its extra launch. With `latency_floor` (measured on the matmul template's loops, not the convs'),
-    also by the latency of each program's serial main loop (LOAD_LATENCY)."""
+    outputs) and by the operand tiles the programs load through the L2 cache, plus what the epilogue
+    moves beyond a plain store (which overlaps no math), split-K's partials and its extra launch. With
+    `latency_floor` (measured on the matmul template's loops, not the convs'), also by the latency of
+    each program's serial main loop (LOAD_LATENCY)."""
     assert knobs.BLOCK_K is not None
     bm, bn, bk = knobs.BLOCK_M, knobs.BLOCK_N, knobs.BLOCK_K
     split, stages = knobs.split_k, knobs.num_stages or 3
