@@ -207,12 +207,18 @@ def print_kernels(kernels: list[tuple[str, float]]) -> None:
     print(f"{len(kernels)} kernels a call, {sum(us for _, us in kernels):.1f} us of device time")
     for name, us in kernels:
         print(f"  {us:8.1f}  {name[:110]}")
+    print_sums(kernels)
+
+
+def print_sums(timed: list[tuple[str, float]], top: int | None = None) -> None:
+    """(name, µs) pairs summed by name (its first 80 characters): the sum, the count and the mean, longest
+    first (the first `top` of them)."""
     sums: dict[str, list[float]] = {}
-    for name, us in kernels:
+    for name, us in timed:
         total = sums.setdefault(name[:80], [0.0, 0])
         total[0] += us
         total[1] += 1
-    for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0]):
+    for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{us:9.1f} x{int(n):3d} {us / n:8.1f}  {name}")
 
 

@@ -10,22 +10,14 @@ import sys
 import time
 
 sys.path.insert(0, ".")
-import torch
-
-import opgraph as og
-from bench.workloads.training_gpt2 import BETAS, EPS, LR, WD
-from bench.workloads.zoo import LLAMA_SIZES, _wrap, llama_model
-from opgraph.core.cache import tuning_path
+from bench.workloads.training_gpt2 import adamw_train_step  # noqa: E402
+from bench.workloads.zoo import llama_zoo_training  # noqa: E402
+from opgraph.core.cache import tuning_path  # noqa: E402
 
 
 def main() -> None:
-    d, _, heads, kv, ffn, vocab = LLAMA_SIZES
-    m = _wrap(llama_model(d, 1, heads, kv, ffn, vocab).cuda().train(), "logits", flatten=True)
-    x = torch.randint(0, vocab, (4, 1024), device="cuda")
-    imp = og.from_torch(m, (x,))
-    ts = og.training.train_step(
-        imp, "cross_entropy", og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD), mixed_precision="bf16"
-    )
+    m, x, _ = llama_zoo_training(layers=1)
+    _, ts = adamw_train_step(m, x)
     t = time.perf_counter()
     ts.graph.build(autotune=True)
     print(f"tuned build {time.perf_counter() - t:.1f}s", flush=True)
@@ -33,9 +25,9 @@ def main() -> None:
     for v in (data.get("entries", data)).values():
         if not isinstance(v, dict) or "times" not in v or len(v["times"]) < 2:
             continue
-        ts_ = sorted(v["times"].items(), key=lambda kv: kv[1])
-        print("PIECE", f"{ts_[0][1]:.1f}", "+".join(v["piece"])[:160])
-        for cid, tt in ts_[:5]:
+        ranked = sorted(v["times"].items(), key=lambda kv: kv[1])
+        print("PIECE", f"{ranked[0][1]:.1f}", "+".join(v["piece"])[:160])
+        for cid, tt in ranked[:5]:
             print(f"   {tt:8.1f} {cid[:230]}")
 
 

@@ -106,19 +106,22 @@ class _AdamState:
         )
 
 
+def adamw_train_step(model: Any, x: Any) -> tuple[Any, Any]:
+    """`model` imported with `from_torch` on `x` and its training step as these rows run it (cross-entropy,
+    AdamW with the module's LR, BETAS, EPS and WD, bf16 mixed precision): (imported, step), not built."""
+    import opgraph as og
+
+    imported = og.from_torch(model, (x,))
+    optimizer = og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    return imported, og.training.train_step(imported, "cross_entropy", optimizer, mixed_precision="bf16")
+
+
 def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: list[str] | None, tuned: bool) -> Impl:
     def setup() -> Runner:
-        import opgraph as og
 
         m = copy.deepcopy(v["model"])
         st = _AdamState(m, pnames)
-        imported = og.from_torch(m, (v["x"],))
-        ts = og.training.train_step(
-            imported,
-            "cross_entropy",
-            og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD),
-            mixed_precision="bf16",
-        )
+        imported, ts = adamw_train_step(m, v["x"])
         plan, note = og_build(ts.graph, ctx, engines, tuned)
         ts.plan = plan
         pack = ts.pack(v["x"], target=v["y"])

@@ -97,6 +97,18 @@ def llama_zoo_inference(layers: int = LLAMA_SIZES[1], device: str = "cuda") -> t
     return model, torch.randint(0, vocab, (8, 1024), device=device)
 
 
+def llama_zoo_training(layers: int = LLAMA_SIZES[1], device: str = "cuda") -> tuple[Any, Any, Any]:
+    """The Llama zoo training row's model (fp32 parameters, train mode, flattened logits as the output) with
+    `layers` layers on `device`, its token ids (batch 4 x 1024) and targets: what the scripts/ checks of that
+    row run (bench.workloads.training_gpt2.adamw_train_step makes the step)."""
+    import torch
+
+    d, _, heads, kv, ffn, vocab = LLAMA_SIZES
+    model = _wrap(llama_model(d, layers, heads, kv, ffn, vocab).to(device).train(), "logits", flatten=True)
+    x = torch.randint(0, vocab, (4, 1024), device=device)
+    return model, x, torch.randint(0, vocab, (4 * 1024,), device=device)
+
+
 def _llama(ctx: Ctx) -> tuple[Any, dict[str, int]]:
     d, layers, heads, kv, ffn, vocab = ctx.pick(LLAMA_SIZES, None, (32, 2, 4, 2, 64, 128))
     return llama_model(d, layers, heads, kv, ffn, vocab), {"d": d, "layers": layers, "vocab": vocab}

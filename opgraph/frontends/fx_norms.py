@@ -129,9 +129,7 @@ def _widened(x: Any, readers: set[Any]) -> Any:
     if _target(x) not in _CASTS or set(x.users) != readers or not x.args or not _plain_cast(x):
         return None
     source = x.args[0]
-    wide = getattr(x.meta.get("val"), "dtype", None)
-    narrow = getattr(getattr(source, "meta", {}).get("val"), "dtype", None)
-    if wide != torch.float32 or narrow not in (torch.float16, torch.bfloat16):
+    if _dtype(x) != torch.float32 or _dtype(source) not in (torch.float16, torch.bfloat16):
         return None
     return source
 

@@ -200,6 +200,15 @@ def _readers(nodes: list[Node]) -> dict[int, list[int]]:
     return readers
 
 
+def _writers_in_place(nodes: list[Node]) -> dict[int, list[int]]:
+    """Each tensor some op updates in place, with the positions of those ops."""
+    writers: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for u in set(n.input_uids()) & set(n.output_uids()):
+            writers.setdefault(u, []).append(i)
+    return writers
+
+
 def _duplicate_shared(nodes: list[Node], descs: dict[int, TensorDesc]) -> list[Node]:
     """Each view whose virtual result has several readers becomes one view per reader (walking back
     from the last op, so the copies of a view's readers make the view itself shared in turn)."""
@@ -249,10 +258,7 @@ def _sink(nodes: list[Node]) -> list[Node]:
     """Each view moved to just before the first op that depends on it."""
     pos = {id(n): i for i, n in enumerate(nodes)}
     readers = _readers(nodes)
-    writers: dict[int, list[int]] = {}  # uid -> positions of ops updating it in place
-    for i, n in enumerate(nodes):
-        for u in set(n.input_uids()) & set(n.output_uids()):
-            writers.setdefault(u, []).append(i)
+    writers = _writers_in_place(nodes)
     attached: dict[int, list[Node]] = {}
     # Walking back, so a view's dependents have their places first: a view of a view goes with it (chains
     # stay whole) unless an update of what it reads comes before the place its reader moved to.
@@ -300,10 +306,10 @@ def place_generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> list
     vocab] floats) came right after the logits, the greedy partition fused them into the max's reduction,
     and that kernel wrote them out for the two later passes reading them (1 GB for the Llama training
     step's 4096 x 32000 logits: bench/results/constants.md#generators). Placing an order again leaves it."""
-    late = _generators(nodes, descs)
+    producer = {u: i for i, n in enumerate(nodes) for u in n.output_uids()}
+    late = _generators(nodes, descs, producer)
     if not late:
         return nodes
-    producer = {u: i for i, n in enumerate(nodes) for u in n.output_uids()}
     out: list[Node] = []
     placed: set[int] = set()
 
@@ -349,11 +355,10 @@ def place_generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> list
     return out
 
 
-def _generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> set[int]:
+def _generators(nodes: list[Node], descs: Mapping[int, TensorDesc], producer: Mapping[int, int]) -> set[int]:
     """Positions of the generators, the views of their values and the views only generators read
-    (place_generators)."""
-    producer = {u: i for i, n in enumerate(nodes) for u in n.output_uids()}
-    in_place = {u for n in nodes for u in set(n.input_uids()) & set(n.output_uids())}
+    (place_generators; `producer`: the position of each tensor's producer)."""
+    in_place = _writers_in_place(nodes).keys()
     readers = _readers(nodes)
     late: set[int] = set()
     for i, n in enumerate(nodes):
@@ -376,7 +381,7 @@ def _generators(nodes: list[Node], descs: Mapping[int, TensorDesc]) -> set[int]:
     return late
 
 
-def _cheap_operands(n: Node, descs: Mapping[int, TensorDesc], late: set[int], producer: dict[int, int]) -> bool:
+def _cheap_operands(n: Node, descs: Mapping[int, TensorDesc], late: set[int], producer: Mapping[int, int]) -> bool:
     (out_role,) = n.op.output_roles()
     out = descs[n.output_uids()[0]].dim
     for role, v in zip(n.op.input_roles(), n.inputs):

@@ -28,6 +28,16 @@ def _values_hold(g: og.Graph, rng) -> None:
         np.testing.assert_allclose(pack[u], want[u], rtol=1e-6)
 
 
+def _run_keeping(g: og.Graph, rng, uid: int) -> tuple[og.FinalGraph, dict, np.ndarray]:
+    """g's graph, a random pack after the reference engine ran the plan on it, and tensor `uid`'s value
+    before (one the plan updates in place)."""
+    final = g.final
+    pack = random_pack(final, rng)
+    old = pack[uid].copy()
+    g.build(device="cpu", engines=["reference"]).execute(pack)
+    return final, pack, old
+
+
 def test_a_view_moves_next_to_its_reader():
     g = og.Graph("sink", io_data_type=DT.FLOAT)
     x = g.tensor(dim=[4, 6], name="x")
@@ -117,10 +127,7 @@ def test_a_view_of_a_tensor_updated_in_place_stays_before_the_update(rng):
     g2.exp(wt, name="late").set_output(True)
     names = _order(g2)
     assert names.index("wt") < names.index("update"), names
-    final = g2.final
-    pack = random_pack(final, rng)
-    old = pack[1].copy()
-    g2.build(device="cpu", engines=["reference"]).execute(pack)
+    final, pack, old = _run_keeping(g2, rng, 1)
     np.testing.assert_allclose(pack[final.tensor("late::output").uid], np.exp(old.T), rtol=1e-6)
     np.testing.assert_allclose(pack[1], old - 0.5 * pack[2], rtol=1e-6)
 
@@ -136,10 +143,7 @@ def test_a_chain_of_views_of_a_tensor_updated_in_place_reads_the_old_value(rng):
     g.exp(wr, name="late").set_output(True)
     names = _order(g)
     assert names.index("wt") < names.index("update") and names.index("wr") < names.index("late"), names
-    final = g.final
-    pack = random_pack(final, rng)
-    old = pack[1].copy()
-    g.build(device="cpu", engines=["reference"]).execute(pack)
+    final, pack, old = _run_keeping(g, rng, 1)
     np.testing.assert_allclose(pack[final.tensor("late::output").uid], np.exp(old.T.reshape(2, 6)), rtol=1e-6)
     np.testing.assert_allclose(pack[1], old - 0.5 * pack[2], rtol=1e-6)
 
@@ -364,10 +368,7 @@ def test_a_generator_reading_a_tensor_updated_in_place_stays_before_the_update(r
     g.mul(spread, g.exp(x, name="unrelated"), name="reader").set_output(True)
     names = _order(g)
     assert names.index("spread") < names.index("bump"), names
-    final = g.final
-    pack = random_pack(final, rng)
-    old = pack[2].copy()
-    g.build(device="cpu", engines=["reference"]).execute(pack)
+    final, pack, old = _run_keeping(g, rng, 2)
     want = (old + np.arange(64)) * np.exp(pack[1])
     np.testing.assert_allclose(pack[final.tensor("reader::output").uid], want, rtol=1e-6)
 
