@@ -106,14 +106,15 @@ class _AdamState:
         )
 
 
-def adamw_train_step(model: Any, x: Any) -> tuple[Any, Any]:
+def adamw_train_step(model: Any, x: Any, **options: Any) -> tuple[Any, Any]:
     """`model` imported with `from_torch` on `x` and its training step as these rows run it (cross-entropy,
-    AdamW with the module's LR, BETAS, EPS and WD, bf16 mixed precision): (imported, step), not built."""
+    AdamW with the module's LR, BETAS, EPS and WD, bf16 mixed precision; `options` for train_step):
+    (imported, step), not built."""
     import opgraph as og
 
     imported = og.from_torch(model, (x,))
     optimizer = og.training.AdamW(LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    return imported, og.training.train_step(imported, "cross_entropy", optimizer, mixed_precision="bf16")
+    return imported, og.training.train_step(imported, "cross_entropy", optimizer, mixed_precision="bf16", **options)
 
 
 def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: list[str] | None, tuned: bool) -> Impl:
@@ -134,11 +135,16 @@ def _ours(ctx: Ctx, v: dict[str, Any], pnames: list[str], name: str, engines: li
         st.moments = lambda: {n: ts.param_state(n) for n in pnames}
         st.counters = lambda: [pack[ts.scalars["optimizer.step"]]]
         st.loss = lambda: loss
+
+        def reset() -> None:
+            st.reset()
+            ts.refresh_compute_copies()  # (the parameters restored: their 16-bit copies cast again)
+
         diagnose(f"{v['label']} [{name}]", plan, pack)
         return Runner(
             call=call,
             read=st.read,
-            reset=st.reset,
+            reset=reset,
             engine=engines_of(plan),
             notes=note,
             keep=(plan, ts, imported, m, st),

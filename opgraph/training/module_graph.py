@@ -70,6 +70,7 @@ def module_step_graph(
     loss_scale: Mapping[str, float] | None = None,
     grad_data_type: Any = None,
     on_gradient: Sequence[GradientHook] = (),
+    compute_copies: bool = True,
     name: str | None = None,
 ) -> ModuleStepGraph:
     """The step graph of module `imported` (opgraph.from_torch, train mode); the arguments are
@@ -200,6 +201,7 @@ def module_step_graph(
         forward_types=low is not None,
         virtual=prep.stats,
         on_gradient=on_gradient,
+        compute_copies=compute_copies and low is not None,
         name=g.name,
     )
     return ModuleStepGraph(

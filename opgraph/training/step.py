@@ -28,7 +28,10 @@ tensors and the optimizer state to it, builds the plan and runs it.
   and activations as torch.autocast makes them; "fp16" adds GradScaler's dynamic loss scale on the
   device: the backward is seeded with the scale, gradients are unscaled, an inf or NaN skips the
   update (parameters, state and step counter unchanged) and halves the scale, `growth_interval`
-  clean steps double it.
+  clean steps double it. The 16-bit copies of the parameters the forward reads are step state
+  (`compute_copies`, default on): the update writes each with its parameter, in its kernel, instead of
+  every forward casting the parameters again; a parameter PyTorch changed outside the step (its version
+  counter) is cast again before the next step, and `refresh_compute_copies()` does it on demand.
 - `run(*inputs, target)` builds the plan on first use on the inputs' device (fp32 products in full
   precision unless the import allows TF32, as `ImportedGraph.run`), copies inputs and target
   into the step's own buffers, executes, writes batchnorm running stats back into the module and
@@ -91,6 +94,7 @@ class TrainStep:
         process_group: Any = None,
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         zero: bool = False,
+        compute_copies: bool = True,
     ) -> None:
         self.imported = imported
         self.process_group = process_group
@@ -115,6 +119,7 @@ class TrainStep:
             loss_scale=loss_scale,
             grad_data_type=grad_data_type,
             on_gradient=on_gradient,
+            compute_copies=compute_copies,
             name=name,
         )
         if process_group is not None:
@@ -148,6 +153,7 @@ class TrainStep:
         self._device: Any = None
         self._pack: UidPack | None = None
         self._state: dict[str, dict[str, Any]] = {}  # parameter key -> state name -> tensor (the parameter's layout)
+        self._copies: dict[str, tuple[Any, Any, int]] = {}  # key -> (parameter, compute copy, the parameter's version)
         self._fingerprint: tuple = ()
         self._shaped: OrderedDict[tuple[int, ...], UidPack] = OrderedDict()  # shape -> its buffers (dynamic dims)
         self._env: Mapping[str, int] = {}  # the dynamic dims' values of the last pack
@@ -241,6 +247,7 @@ class TrainStep:
         elif self._fingerprint != self._params_fingerprint():
             self._bind_module(self._pack, device)
         pack = expect(self._pack, "the step's variant pack")  # (made or bound just above)
+        self.refresh_compute_copies(force=False)
         if env:
             pack.update(self._shape_buffers(env, device))
         self._env = env
@@ -374,7 +381,36 @@ class TrainStep:
             for sname, uid in slot.state.items():
                 state = self._param_state(slot.key, sname, p)
                 pack[uid] = slot.source.apply(state) if slot.source is not None else state
+            if slot.compute_copy is not None:
+                copy = self._compute_copy(slot.key, p, final.tensors[slot.compute_copy].data_type)
+                pack[slot.compute_copy] = slot.source.apply(copy) if slot.source is not None else copy
         self._fingerprint = self._params_fingerprint()
+
+    def _compute_copy(self, key: str, p: Any, data_type: DataType) -> Any:
+        """Parameter `key`'s compute copy (`p` cast to `data_type`, laid out like it), made or refilled."""
+        torch = _torch()
+        found = self._copies.get(key)
+        copy = found[1] if found is not None else None
+        if copy is None or copy.device != p.device or copy.shape != p.shape or copy.stride() != p.stride():
+            copy = torch.empty_like(p, dtype=data_type.to_torch(), memory_format=torch.preserve_format)
+        copy.copy_(p)
+        self._copies[key] = (p, copy, p._version)
+        return copy
+
+    def refresh_compute_copies(self, force: bool = True) -> int:
+        """Cast the parameters into their compute copies again (mixed precision: the 16-bit copies the
+        step's forward reads, which its update writes): every one with `force`, else those whose
+        parameter PyTorch changed since (its version counter: any in-place torch op, `model.load_state_dict`,
+        a torch optimizer). `run`, `pack` and `replay` do the second before each step; call this after
+        writing a parameter where PyTorch does not count it (through `.data`, a raw pointer, another
+        library's kernel). Returns how many were refreshed."""
+        n = 0
+        for key, (p, copy, version) in self._copies.items():
+            if force or p._version != version:
+                copy.copy_(p)
+                self._copies[key] = (p, copy, p._version)
+                n += 1
+        return n
 
     def _param_state(self, key: str, name: str, p: Any) -> Any:
         """Parameter `key`'s optimizer state `name`: zeros like the parameter when first asked for (torch's
@@ -538,6 +574,8 @@ class CapturedStep:
             step._shaped.move_to_end(tuple(self.shape.values()))
             if not (inputs or target is not None):
                 expect(step._pack, "the captured step's variant pack").update(self.buffers)
+        if not (inputs or target is not None):
+            self.step.refresh_compute_copies(force=False)  # (pack does it otherwise)
         pack = (
             self.step.pack(*inputs, target=target)
             if inputs or target is not None
@@ -576,7 +614,9 @@ def train_step(
         ({init_scale, growth_factor, backoff_factor, growth_interval} for fp16), grad_data_type,
         on_gradient (gradient-ready hooks, opgraph.training.step_graph), name, process_group (a
         torch.distributed group: data-parallel, gradients averaged over it in buckets of bucket_cap_mb
-        MiB, default 25; zero=True: ZeRO-1, optimizer state sharded; opgraph.training.distributed).
+        MiB, default 25; zero=True: ZeRO-1, optimizer state sharded; opgraph.training.distributed),
+        compute_copies (default True; with mixed_precision: each parameter's 16-bit cast kept as step
+        state and written by its update instead of cast again by every forward: refresh_compute_copies).
     """
     return TrainStep(imported, loss, optimizer, mixed_precision, grad_clip_norm, **options)
 

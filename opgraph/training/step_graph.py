@@ -26,6 +26,12 @@ hand-built graph's caller binds its own buffers (examples 09 and 11).
   its gradient, so the partitioner can fuse the update into that kernel's epilogue, in place. Clipping
   (the global norm, torch.nn.utils.clip_grad_norm_) and fp16 loss scaling (GradScaler's dynamic scale on
   the device: an inf or NaN skips the update and halves the scale) need every gradient first.
+- `compute_copies=True` (mixed precision): a parameter the forward reads only through its cast to a
+  16-bit type keeps that cast as step state, its *compute copy* (`ParamSlot.compute_copy`), bound like
+  the parameter: the forward and the backward read the copy, and the update writes it with the new
+  parameter (in its kernel: two bytes an element more where a cast pass read four and wrote two). Bind it
+  to the parameter cast to its type before the first step, and again whenever the parameter changes
+  outside the step (opgraph.training.TrainStep does both).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class ParamSlot:
     source: Any = None
     grad_uid: int | None = None
     state: Mapping[str, int] = field(default_factory=dict)
+    compute_copy: int | None = None  # its 16-bit cast kept as step state (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,7 @@ def step_graph(
     scalar_names: Mapping[str, str] | None = None,
     virtual: Iterable[int] = (),
     on_gradient: Sequence[GradientHook] = (),
+    compute_copies: bool = False,
     name: str | None = None,
 ) -> StepGraph:
     """The training step of `forward` (a validated graph computing `loss`, a 1-element floating tensor):
@@ -156,6 +164,8 @@ def step_graph(
     scalar_names: other names for device scalars ({"sgd.lr": "lr"}).
     virtual: forward outputs that are virtual in the step (statistics the backward reads).
     on_gradient: gradient-ready hooks, applied in order (see GradientHook).
+    compute_copies: keep each parameter's 16-bit cast as step state, written by its update (see the
+        module docstring).
     """
     return _Builder(forward, optimizer, scalar_names or {}, name).build(
         loss,
@@ -169,6 +179,7 @@ def step_graph(
         keep_grads,
         set(virtual),
         tuple(on_gradient),
+        compute_copies,
     )
 
 
@@ -202,6 +213,7 @@ class _Builder:
         keep_grads: bool,
         virtual: set[int],
         hooks: tuple[GradientHook, ...],
+        compute_copies: bool,
     ) -> StepGraph:
         fg = self.forward.final
         loss_uid = resolve(fg, loss, "loss")
@@ -302,6 +314,14 @@ class _Builder:
         first = len(g._records)
         opt.prepare(scope)
         order.update({id(r): (-1, i) for i, r in enumerate(g._records[first:])})
+        # the casts a compute copy replaces, removed before any record's position is taken for the order
+        copies = {
+            s.uid: c
+            for s in slots
+            if compute_copies and s.key not in elsewhere
+            for c in [_cast_read(g, handles[s.uid], pdesc[s.uid])]
+            if c is not None
+        }
         out_slots = []
         for slot in slots:
             if slot.key in elsewhere:  # another process updates it (ZeRO-1): its gradient kept, no update nor state
@@ -315,13 +335,21 @@ class _Builder:
                 state[sname] = g.tensor(
                     dim=d.dim, stride=d.stride, data_type=d.data_type, name=f"{sname}.{slot.key}", uid=self._new_uid()
                 )
+            copy = copies.get(slot.uid)
             mark = len(g._records)
             opt.update(scope, w, grads[slot.uid], state, slot.key)
+            if copy is not None:
+                _write_copy(g, copy, handles_by_uid(g)[slot.uid], d)
             if not global_deps:
                 at = _producer_index(g, res.grads[slot.uid])
                 order.update({id(r): (at, 1, i) for i, r in enumerate(g._records[mark:])})
             out_slots.append(
-                replace(slot, grad_uid=res.grads[slot.uid].uid, state={k: t.known_uid() for k, t in state.items()})
+                replace(
+                    slot,
+                    grad_uid=res.grads[slot.uid].uid,
+                    state={k: t.known_uid() for k, t in state.items()},
+                    compute_copy=None if copy is None else copy.known_uid(),
+                )
             )
         # each update right after its gradient's producer (without clipping or loss scaling, which need
         # every gradient first): the partitioner can then fuse it into that kernel's epilogue
@@ -439,6 +467,40 @@ def _early(g: Graph, records: Sequence[Any], gradients: Sequence[Tensor]) -> dic
         if at:
             out[id(r)] = (max(at), 2, i)
     return out
+
+
+def _cast_read(g: Graph, w: Tensor, d: Any) -> Tensor | None:
+    """The compute copy of parameter `w` (a declared handle, `d` its descriptor, FLOAT or DOUBLE): when every op
+    reading `w` is one cast to a 16-bit type, that cast is removed and its output becomes a declared
+    input of the parameter's layout (the copy, read by the forward and the backward as the cast's
+    output was). None when the parameter is read otherwise (then its cast stays a pass of the step)."""
+    if d.data_type not in (DataType.FLOAT, DataType.DOUBLE):
+        return None
+    readers = [r for r in g._records if any(v is w for v in r.inputs)]
+    if len(readers) != 1:
+        return None
+    r = readers[0]
+    out = r.outputs[0] if len(r.outputs) == 1 else None
+    mode = getattr(r.op, "mode", None)
+    if (
+        out is None
+        or getattr(mode, "value", None) != "identity"
+        or len([v for v in r.inputs if v is not None]) != 1
+        or out.data_type not in (DataType.BFLOAT16, DataType.HALF)
+        or out._uid is None
+    ):
+        return None
+    g._records.remove(r)
+    return out.set_dim(list(d.dim)).set_stride(list(d.stride)).set_is_virtual(False)
+
+
+def _write_copy(g: Graph, copy: Tensor, new: Tensor, d: Any) -> None:
+    """The update's write of the compute copy: the new parameter in the copy's type, in place. The copy's
+    old value is an operand that selects nothing (an in-place update reads what it writes: the forward's
+    and the backward's reads of the old copy then run before it); generated kernels never load it."""
+    out = g.binary_select(new, copy, 1.0, name=f"{copy.name}.update")
+    out.set_uid(copy.known_uid()).set_name(copy.name).set_data_type(copy.data_type).set_output(True)
+    out.set_dim(list(d.dim)).set_stride(list(d.stride))
 
 
 def _producer_index(g: Graph, t: Tensor) -> int:

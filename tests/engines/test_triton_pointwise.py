@@ -31,6 +31,19 @@ def test_modes_by_dtype_and_layout(mode, dt, layout, rng):
     assert_engine_matches(pointwise_graph(mode, dt, layout), rng, expect_steps=1)
 
 
+@pytest.mark.parametrize("mask", [1.0, 0.0, -2.5])
+def test_select_by_a_literal_mask_is_the_chosen_operand(mask, rng):
+    """binary_select with a literal mask is the chosen operand in the kernel (no tl.where: the other
+    operand's load has no use, as a compute copy's update needs), with the reference engine's values."""
+    g = og.Graph("sel", io_data_type=DT.FLOAT)
+    x = g.tensor(dim=[4, 8], name="x")
+    y = g.tensor(dim=[4, 8], name="y")
+    g.binary_select(g.exp(x), y, mask).set_output(True)
+    plan = assert_engine_matches(g, rng, expect_steps=1)
+    source = plan.steps[0].kernel.source()
+    assert "tl.where" not in source.split("def kernel", 1)[1], source
+
+
 def test_gen_index(rng):
     g = og.Graph("gi", io_data_type=DT.FLOAT)
     x = g.tensor(dim=[2, 3, 4], name="x")

@@ -288,6 +288,17 @@ def _scaled_expr(x: str, y: str, op: str) -> str:
     return f"{x} {op} {y}"
 
 
+def _select_expr(x: str, y: str, mask: str) -> str:
+    """BINARY_SELECT: the chosen operand itself where the mask is a literal and that operand is not one
+    (the other operand's load then has no use: a compute copy's update reads the old copy only so that
+    the graph orders it after that copy's readers, opgraph.training.step_graph)."""
+    if _LITERAL.fullmatch(mask) and "float" not in mask:
+        chosen = x if float(mask) != 0 else y
+        if not _LITERAL.fullmatch(chosen):
+            return chosen
+    return f"tl.where({mask} != 0, {x}, {y})"
+
+
 def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
     """The compute-type expression of one pointwise mode over operand expressions `a`."""
     M = PointwiseMode
@@ -314,7 +325,7 @@ def _mode_expr(mode: PointwiseMode, a: list[str], p: Mapping[str, str]) -> str:
         M.LOGICAL_AND: f"(({x} != 0).to(tl.float32) * ({y} != 0).to(tl.float32))",
         M.LOGICAL_OR: f"tl.maximum(({x} != 0).to(tl.float32), ({y} != 0).to(tl.float32))",
         M.LOGICAL_NOT: f"({x} == 0)",
-        M.BINARY_SELECT: f"tl.where({a[2] if len(a) > 2 else ''} != 0, {x}, {y})",
+        M.BINARY_SELECT: _select_expr(x, y, a[2] if len(a) > 2 else ""),
         M.IDENTITY: x,
         M.SQRT: f"tl.sqrt({x})",
         M.RSQRT: f"(1.0 / tl.sqrt({x}))",
