@@ -382,8 +382,10 @@ class TrainStep:
                 state = self._param_state(slot.key, sname, p)
                 pack[uid] = slot.source.apply(state) if slot.source is not None else state
             if slot.compute_copy is not None:
-                copy = self._compute_copy(slot.key, p, final.tensors[slot.compute_copy].data_type)
-                pack[slot.compute_copy] = slot.source.apply(copy) if slot.source is not None else copy
+                d = final.tensors[slot.compute_copy]
+                copy = self._compute_copy(slot.key, p, d.data_type)
+                view = slot.source.apply(copy) if slot.source is not None else copy
+                pack[slot.compute_copy] = view.as_strided(view.shape, d.stride)  # (its unit axes' strides as declared)
         self._fingerprint = self._params_fingerprint()
 
     def _compute_copy(self, key: str, p: Any, data_type: DataType) -> Any:

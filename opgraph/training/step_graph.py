@@ -44,7 +44,7 @@ from ..autodiff import grad
 from ..autodiff.grad import resolve
 from ..core.dtypes import DataType, as_data_type
 from ..core.errors import AttributeValueError, GraphError, expect
-from ..core.tensor import Tensor
+from ..core.tensor import Tensor, storage_extent
 from ..core.types import UidPack
 from ..graph.builder import Graph
 from ..ops.reduction import ReductionMode
@@ -491,7 +491,15 @@ def _cast_read(g: Graph, w: Tensor, d: Any) -> Tensor | None:
     ):
         return None
     g._records.remove(r)
-    return out.set_dim(list(d.dim)).set_stride(list(d.stride)).set_is_virtual(False)
+    return out.set_dim(list(d.dim)).set_stride(_unit_strides(d.dim, d.stride)).set_is_virtual(False)
+
+
+def _unit_strides(dim: Sequence[int], stride: Sequence[int]) -> list[int]:
+    """`stride` with each unit axis's stride the tensor's extent, as the cast's packed output had it (a
+    weight's view [1, K, N] of an [N, K] parameter has stride K on its unit axis; declared so, the GEMMs
+    reading it ran 3-12% slower on an H200, without the flattened batch: bench/results/constants.md#compute-copies)."""
+    extent = storage_extent(dim, stride)
+    return [extent if n == 1 else s for n, s in zip(dim, stride)]
 
 
 def _write_copy(g: Graph, copy: Tensor, new: Tensor, d: Any) -> None:
@@ -500,7 +508,7 @@ def _write_copy(g: Graph, copy: Tensor, new: Tensor, d: Any) -> None:
     and the backward's reads of the old copy then run before it); generated kernels never load it."""
     out = g.binary_select(new, copy, 1.0, name=f"{copy.name}.update")
     out.set_uid(copy.known_uid()).set_name(copy.name).set_data_type(copy.data_type).set_output(True)
-    out.set_dim(list(d.dim)).set_stride(list(d.stride))
+    out.set_dim(list(d.dim)).set_stride(_unit_strides(d.dim, d.stride))
 
 
 def _producer_index(g: Graph, t: Tensor) -> int:
