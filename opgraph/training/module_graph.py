@@ -70,7 +70,7 @@ def module_step_graph(
     loss_scale: Mapping[str, float] | None = None,
     grad_data_type: Any = None,
     on_gradient: Sequence[GradientHook] = (),
-    compute_copies: bool = True,
+    compute_copies: bool = False,
     name: str | None = None,
 ) -> ModuleStepGraph:
     """The step graph of module `imported` (opgraph.from_torch, train mode); the arguments are

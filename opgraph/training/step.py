@@ -28,9 +28,9 @@ tensors and the optimizer state to it, builds the plan and runs it.
   and activations as torch.autocast makes them; "fp16" adds GradScaler's dynamic loss scale on the
   device: the backward is seeded with the scale, gradients are unscaled, an inf or NaN skips the
   update (parameters, state and step counter unchanged) and halves the scale, `growth_interval`
-  clean steps double it. The 16-bit copies of the parameters the forward reads are step state
-  (`compute_copies`, default on): the update writes each with its parameter, in its kernel, instead of
-  every forward casting the parameters again; a parameter PyTorch changed outside the step (its version
+  clean steps double it. With `compute_copies=True` the 16-bit copies of the parameters the forward
+  reads are step state: the update writes each with its parameter, in its kernel, instead of every
+  forward casting the parameters again; a parameter PyTorch changed outside the step (its version
   counter) is cast again before the next step, and `refresh_compute_copies()` does it on demand.
 - `run(*inputs, target)` builds the plan on first use on the inputs' device (fp32 products in full
   precision unless the import allows TF32, as `ImportedGraph.run`), copies inputs and target
@@ -94,7 +94,7 @@ class TrainStep:
         process_group: Any = None,
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         zero: bool = False,
-        compute_copies: bool = True,
+        compute_copies: bool = False,
     ) -> None:
         self.imported = imported
         self.process_group = process_group
@@ -617,8 +617,9 @@ def train_step(
         on_gradient (gradient-ready hooks, opgraph.training.step_graph), name, process_group (a
         torch.distributed group: data-parallel, gradients averaged over it in buckets of bucket_cap_mb
         MiB, default 25; zero=True: ZeRO-1, optimizer state sharded; opgraph.training.distributed),
-        compute_copies (default True; with mixed_precision: each parameter's 16-bit cast kept as step
-        state and written by its update instead of cast again by every forward: refresh_compute_copies).
+        compute_copies (with mixed_precision: each parameter's 16-bit cast kept as step state and written
+        by its update instead of cast again by every forward: refresh_compute_copies; off by default: on
+        the Llama zoo step it ran slower, bench/results/constants.md#compute-copies).
     """
     return TrainStep(imported, loss, optimizer, mixed_precision, grad_clip_norm, **options)
 
