@@ -176,6 +176,21 @@ def _more(more: Callable[[Any], Sequence[EngineConfig]] | None, step: Any) -> Se
         return ()
 
 
+def _fewer_stages(config: EngineConfig, why: str) -> list[EngineConfig]:
+    """`config` with fewer pipeline stages (down to 2), the first alternatives of a kernel over the device's
+    shared memory: a tile's epilogue converts float32 operand tiles through shared memory beside the stages,
+    which the candidates' fit does not count (the Llama training step's query projection with RoPE over fp32
+    cos / sin tables: 245,784 bytes at 3 stages under Triton 3.6, 196,624 at 2; without this the step fell to
+    its engine's broadest 64 x 64 tile, 3-4x slower: bench/results/constants.md#fewer-stages)."""
+    stages = config.knob("num_stages")
+    if "shared memory" not in why or not isinstance(stages, int) or stages <= 2:
+        return []
+    return [
+        EngineConfig(config.engine, tuple((k, n if k == "num_stages" else v) for k, v in config.knobs))
+        for n in range(stages - 1, 1, -1)
+    ]
+
+
 def _replace(
     step: Any,
     device: Device,
@@ -191,19 +206,21 @@ def _replace(
     taken either). The failed config's engine is asked first (its alternatives, then its configs in
     `more`): a kernel that does not compile says nothing of the engine's others, and the next engine in
     the ranking may be op-by-op PyTorch (the heuristic's mode A offers one generated kernel a piece:
-    a Llama's norm-backward GEMMs ran 20x slower on the torch engine when theirs did not compile). `known`:
+    a Llama's norm-backward GEMMs ran 20x slower on the torch engine when theirs did not compile); a kernel over
+    the shared memory first tries its own tiles at fewer stages (`_fewer_stages`). `known`:
     kernels already failed (by key), not compiled again, and where this call's failures are added."""
     known = {} if known is None else known
     why = "; ".join(errors.values())
     log.info("step %d: %s failed to compile (%s); trying its alternatives", step.index, step.config, why)
     engine_name = step.config.engine
-    tried, extra = {step.config, *step.alternatives}, []
+    fewer = [c for c in _fewer_stages(step.config, why) if c not in step.alternatives]
+    tried, extra = {step.config, *step.alternatives, *fewer}, []
     for config in more:
         if config.engine == engine_name and config not in tried:
             tried.add(config)
             extra.append(config)
     own = [c for c in step.alternatives if c.engine == engine_name]
-    order = [*own, *extra, *(c for c in step.alternatives if c.engine != engine_name)]
+    order = [*fewer, *own, *extra, *(c for c in step.alternatives if c.engine != engine_name)]
     for alt in order:
         try:
             engine = get_engine(alt.engine)

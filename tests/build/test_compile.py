@@ -152,6 +152,34 @@ def test_an_alternative_over_the_devices_shared_memory_is_not_taken(piece, monke
     assert info.value.rule == "build.compile_failed" and "233472 bytes" in str(info.value)
 
 
+class StagedEngine(AotEngine):
+    """A fake engine whose kernel's key is its config's key at its stages (`key@stages`)."""
+
+    def compile(self, piece, config, device):
+        return SpecKernel(piece, config, (f"{config.knob('keys')[0]}@{config.knob('num_stages')}",))
+
+
+def test_a_kernel_over_the_shared_memory_tries_its_tiles_at_fewer_stages_first(piece, monkeypatch):
+    """The Llama training step's query projection with RoPE (fp32 cos / sin tiles converted through shared
+    memory beside 3 stages of 128 x 256 tiles: 245,784 bytes under Triton 3.6, 196,624 at 2 stages) fell to
+    its engine's broadest 64 x 64 alternative, 3-4x slower: its own tiles at fewer stages come first, down
+    to 2; a failure for another reason does not try them."""
+    a = FakeCompiler(oversized={"big@4", "big@3"}, failing={"boom@4"})
+    monkeypatch.setitem(ENGINES, "staged", StagedEngine("staged", a))
+    cfg = lambda key, n: EngineConfig("staged", (("keys", (key,)), ("num_stages", n)))  # noqa: E731
+    broad = cfg("broad", 2)
+    engine = ENGINES["staged"]
+    big = Step(0, piece, cfg("big", 4), engine.compile(piece, cfg("big", 4), H100), (broad,))
+    out, stats = compile_steps([big], H100, "parallel")
+    assert list(stats["failed"]) == ["big@4"]
+    assert out[0].config == cfg("big", 2) and out[0].kernel.keys == ("big@2",)
+    assert [list(x) for x in a.batches[1:]] == [["big@3"], ["big@2"]]  # 3 stages over too, then 2
+    assert "shared memory" in out[0].note and out[0].alternatives == (cfg("big", 4), broad)
+    other = Step(0, piece, cfg("boom", 4), engine.compile(piece, cfg("boom", 4), H100), (broad,))
+    out, _ = compile_steps([other], H100, "parallel")
+    assert out[0].config == broad  # (not a matter of shared memory: no stages cut)
+
+
 def test_a_failed_kernel_gives_way_to_its_engines_other_kernels_first(piece, monkeypatch, caplog):
     """The heuristic's mode A offers one generated config a piece, then PyTorch's: a Llama's norm-backward GEMM
     whose Gluon kernel did not fit the H200's shared memory under Triton 3.6 ran on the torch engine, 20x slower.
