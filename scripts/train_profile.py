@@ -19,10 +19,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=LLAMA_SIZES[1])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--no-copies", action="store_true", help="train_step(compute_copies=False): cast every forward")
+    p.add_argument("--copies", action="store_true", help="train_step(compute_copies=True), off in the bench's row")
     args = p.parse_args()
     m, x, y = llama_zoo_training(args.layers, args.device)
-    _, ts = adamw_train_step(m, x, compute_copies=not args.no_copies)
+    _, ts = adamw_train_step(m, x, compute_copies=args.copies)
     plan = ts.graph.build()
     ts.plan = plan
     pack = ts.pack(x, target=y)

@@ -185,8 +185,9 @@ def _fewer_stages(config: EngineConfig, why: str) -> list[EngineConfig]:
     stages = config.knob("num_stages")
     if "shared memory" not in why or not isinstance(stages, int) or stages <= 2:
         return []
+    # (dataclasses.replace: the config's notes, e.g. CUDA-graph capturable, hold for its fewer stages too)
     return [
-        EngineConfig(config.engine, tuple((k, n if k == "num_stages" else v) for k, v in config.knobs))
+        dataclasses.replace(config, knobs=tuple((k, n if k == "num_stages" else v) for k, v in config.knobs))
         for n in range(stages - 1, 1, -1)
     ]
 

@@ -395,9 +395,12 @@ class TrainStep:
         copy = found[1] if found is not None else None
         if copy is None or copy.device != p.device or copy.shape != p.shape or copy.stride() != p.stride():
             copy = torch.empty_like(p, dtype=data_type.to_torch(), memory_format=torch.preserve_format)
+        self._cast_into(key, p, copy)
+        return copy
+
+    def _cast_into(self, key: str, p: Any, copy: Any) -> None:
         copy.copy_(p)
         self._copies[key] = (p, copy, p._version)
-        return copy
 
     def refresh_compute_copies(self, force: bool = True) -> int:
         """Cast the parameters into their compute copies again (mixed precision: the 16-bit copies the
@@ -409,8 +412,7 @@ class TrainStep:
         n = 0
         for key, (p, copy, version) in self._copies.items():
             if force or p._version != version:
-                copy.copy_(p)
-                self._copies[key] = (p, copy, p._version)
+                self._cast_into(key, p, copy)
                 n += 1
         return n
 
@@ -559,9 +561,10 @@ class CapturedStep:
                 rule="training.capture_released",
                 hint="capture the step again (step.capture(*inputs, target)) to replay it",
             )
+        batch = bool(inputs) or target is not None  # (a new batch to copy in; else the buffers as they are)
         if self.shape:
             step = self.step
-            if inputs or target is not None:
+            if batch:
                 given = inputs[:-1] if target is None and len(inputs) == len(step.imported.inputs) + 1 else inputs
                 shape = step.imported.shape_of(step.imported._flat_inputs(given))
                 if shape != self.shape:
@@ -574,15 +577,13 @@ class CapturedStep:
                     )
             step._shaped[tuple(self.shape.values())] = self.buffers  # (the captured buffers, if evicted since)
             step._shaped.move_to_end(tuple(self.shape.values()))
-            if not (inputs or target is not None):
+            if not batch:
                 expect(step._pack, "the captured step's variant pack").update(self.buffers)
-        if not (inputs or target is not None):
+        if batch:
+            pack = self.step.pack(*inputs, target=target)
+        else:
+            pack = expect(self.step._pack, "the captured step's variant pack")  # (capture made it)
             self.step.refresh_compute_copies(force=False)  # (pack does it otherwise)
-        pack = (
-            self.step.pack(*inputs, target=target)
-            if inputs or target is not None
-            else expect(self.step._pack, "the captured step's variant pack")
-        )  # (capture made it)
         self.graph.replay()
         return pack[self.step.loss_uid].reshape(())
 

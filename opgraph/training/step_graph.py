@@ -339,7 +339,7 @@ class _Builder:
             mark = len(g._records)
             opt.update(scope, w, grads[slot.uid], state, slot.key)
             if copy is not None:
-                _write_copy(g, copy, handles_by_uid(g)[slot.uid], d)
+                _write_copy(g, copy, handles_by_uid(g)[slot.uid])
             if not global_deps:
                 at = _producer_index(g, res.grads[slot.uid])
                 order.update({id(r): (at, 1, i) for i, r in enumerate(g._records[mark:])})
@@ -502,13 +502,13 @@ def _unit_strides(dim: Sequence[int], stride: Sequence[int]) -> list[int]:
     return [extent if n == 1 else s for n, s in zip(dim, stride)]
 
 
-def _write_copy(g: Graph, copy: Tensor, new: Tensor, d: Any) -> None:
+def _write_copy(g: Graph, copy: Tensor, new: Tensor) -> None:
     """The update's write of the compute copy: the new parameter in the copy's type, in place. The copy's
     old value is an operand that selects nothing (an in-place update reads what it writes: the forward's
     and the backward's reads of the old copy then run before it); generated kernels never load it."""
     out = g.binary_select(new, copy, 1.0, name=f"{copy.name}.update")
     out.set_uid(copy.known_uid()).set_name(copy.name).set_data_type(copy.data_type).set_output(True)
-    out.set_dim(list(d.dim)).set_stride(_unit_strides(d.dim, d.stride))
+    out.set_dim(list(copy.known_dim())).set_stride(list(copy.known_stride()))
 
 
 def _producer_index(g: Graph, t: Tensor) -> int:
